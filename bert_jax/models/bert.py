@@ -1,0 +1,128 @@
+"""BertModel (embeddings + encoder + pooler) and the models with heads."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from bert_jax.models.config import BertConfig
+from bert_jax.models.embeddings import BertEmbeddings
+from bert_jax.models.encoder import BertEncoder
+from bert_jax.models.heads import ClassifierHead, MaskedLMHead, gather_positions
+from bert_jax.models.layers import dense
+
+
+class BertModel(nn.Module):
+    """The encoder. Returns (sequence_output [batch, length, embed],
+    pooled_output [batch, embed] = tanh(dense([CLS])))."""
+
+    config: BertConfig
+
+    def setup(self):
+        c = self.config
+        self.embeddings = BertEmbeddings(c)
+        self.encoder = BertEncoder(c)
+        self.pooler = dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+                 position_ids: Optional[jnp.ndarray] = None, deterministic: bool = True):
+        """input_ids, attention_mask (1 = token, 0 = padding), token_type_ids:
+        <int>[batch, length]."""
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic=deterministic)
+        x = self.encoder(x, attention_mask.astype(bool), deterministic=deterministic)
+        pooled = jnp.tanh(self.pooler(x[:, 0]))
+        return x, pooled
+
+    def attend(self, x):
+        return self.embeddings.attend(x)
+
+
+class BertForPreTraining(nn.Module):
+    """MLM (+ NSP unless nsp=False). Returns (mlm_logits [batch, P, vocab],
+    nsp_logits [batch, 2] or None). With masked_lm_positions=None the MLM head runs on
+    every position (P = length)."""
+
+    config: BertConfig
+    nsp: bool = True
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+                 masked_lm_positions=None, deterministic: bool = True):
+        bert = BertModel(self.config, name="bert")
+        sequence, pooled = bert(input_ids, attention_mask, token_type_ids,
+                                deterministic=deterministic)
+        if masked_lm_positions is not None:
+            sequence = gather_positions(sequence, masked_lm_positions)
+        mlm_logits = MaskedLMHead(self.config, name="mlm")(sequence, bert.attend)
+        nsp_logits = None
+        if self.nsp:
+            nsp_logits = ClassifierHead(self.config, 2, dropout=False, name="nsp")(pooled)
+        return mlm_logits, nsp_logits
+
+
+class BertForSequenceClassification(nn.Module):
+    """Logits [batch, num_labels] on the pooled [CLS]; num_labels=1 is regression (STS-B)."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+                 deterministic: bool = True):
+        _, pooled = BertModel(self.config, name="bert")(
+            input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        return ClassifierHead(self.config, self.num_labels, name="classifier")(
+            pooled, deterministic=deterministic)
+
+
+class BertForTokenClassification(nn.Module):
+    """Logits [batch, length, num_labels] at every position (NER)."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+                 deterministic: bool = True):
+        sequence, _ = BertModel(self.config, name="bert")(
+            input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        return ClassifierHead(self.config, self.num_labels, name="classifier")(
+            sequence, deterministic=deterministic)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Span QA: (start_logits, end_logits), each [batch, length]."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+                 deterministic: bool = True):
+        sequence, _ = BertModel(self.config, name="bert")(
+            input_ids, attention_mask, token_type_ids, deterministic=deterministic)
+        logits = ClassifierHead(self.config, 2, dropout=False, name="qa_outputs")(sequence)
+        return logits[..., 0], logits[..., 1]
+
+
+class BertForMultipleChoice(nn.Module):
+    """Inputs [batch, choices, length]; logits [batch, choices] (one score per choice)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
+                 deterministic: bool = True):
+        batch, choices, length = input_ids.shape
+        flat = lambda a: None if a is None else a.reshape(batch * choices, length)  # noqa: E731
+        _, pooled = BertModel(self.config, name="bert")(
+            flat(input_ids), flat(attention_mask), flat(token_type_ids),
+            deterministic=deterministic)
+        scores = ClassifierHead(self.config, 1, name="classifier")(
+            pooled, deterministic=deterministic)
+        return scores.reshape(batch, choices)

@@ -1,0 +1,171 @@
+"""BertConfig: the original `bert_config.json` format plus our numerics/memory options."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any, Iterable, Mapping
+
+import jax.numpy as jnp
+
+# Keys of Google's original bert_config.json, in the order the original tool writes them.
+ORIGINAL_KEYS = (
+    "attention_probs_dropout_prob",
+    "hidden_act",
+    "hidden_dropout_prob",
+    "hidden_size",
+    "initializer_range",
+    "intermediate_size",
+    "max_position_embeddings",
+    "num_attention_heads",
+    "num_hidden_layers",
+    "type_vocab_size",
+    "vocab_size",
+)
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu", "tanh", "silu")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A model config that cannot describe a valid BERT."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Hyper-parameters of a BERT encoder.
+
+    The first block is exactly the original `bert_config.json`; the second is ours:
+      layer_norm_eps: LayerNorm epsilon (1e-12 as the original TF code).
+      pre_ln: LayerNorm before each sub-layer (plus a final one) instead of after (paper).
+      dtype: compute dtype; param_dtype: storage dtype of the parameters.
+      remat: activation checkpointing of each layer: none / full / dots_saveable /
+        dots_with_no_batch_dims_saveable.
+      scan_layers: run the layer stack with `nn.scan` (params stacked on a leading
+        "layers" axis): compile time independent of depth.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+
+    layer_norm_eps: float = 1e-12
+    pre_ln: bool = False
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    remat: str = "none"
+    scan_layers: bool = False
+
+    def __post_init__(self):
+        for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                    "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"BertConfig.{key} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
+                f"num_attention_heads={self.num_attention_heads}")
+        for key in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, key)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"BertConfig.{key} must be in [0, 1), got {value!r}")
+        if not self.initializer_range > 0:
+            raise ConfigError(f"BertConfig.initializer_range must be > 0, got {self.initializer_range!r}")
+        if not self.layer_norm_eps > 0:
+            raise ConfigError(f"BertConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps!r}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ConfigError(f"BertConfig.hidden_act={self.hidden_act!r}; expected one of {ACTIVATIONS}")
+        if self.remat not in REMAT_POLICIES:
+            raise ConfigError(f"BertConfig.remat={self.remat!r}; expected one of {REMAT_POLICIES}")
+        for key in ("dtype", "param_dtype"):
+            if getattr(self, key) not in DTYPES:
+                raise ConfigError(f"BertConfig.{key}={getattr(self, key)!r}; expected one of {DTYPES}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    @property
+    def storage_dtype(self):
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes) -> "BertConfig":
+        return dataclasses.replace(self, **changes)
+
+    # --- (de)serialisation -------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, ignore: Iterable[str] = (),
+                  source: str = "config") -> "BertConfig":
+        """Builds a config; keys neither ours nor in `ignore` are an error naming them."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        ignore = set(ignore)
+        unknown = sorted(k for k in d if k not in fields and k not in ignore)
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown BERT config key(s) {unknown}; expected keys are "
+                f"{sorted(fields)}")
+        kwargs = {k: v for k, v in d.items() if k in fields}
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike, *, ignore: Iterable[str] = ()) -> "BertConfig":
+        try:
+            with open(path, encoding="utf-8") as f:
+                d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: not valid JSON ({e})") from e
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path}: expected a JSON object, got {type(d).__name__}")
+        return cls.from_dict(d, ignore=ignore, source=str(path))
+
+    def to_dict(self, original_only: bool = False) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if original_only:
+            d = {k: d[k] for k in ORIGINAL_KEYS}
+        return d
+
+    def to_json_string(self, original_only: bool = False) -> str:
+        return json.dumps(self.to_dict(original_only), indent=2, sort_keys=True) + "\n"
+
+    def to_json_file(self, path: str | os.PathLike, original_only: bool = False) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json_string(original_only))
+
+
+def model_config(**overrides):
+    """The `model` section of a run config: every BertConfig field, as an
+    ml_collections.ConfigDict (so `--config.model.dtype=bfloat16` works and unknown keys
+    are errors once the config is locked)."""
+    import ml_collections
+
+    base = BertConfig().to_dict()
+    unknown = sorted(set(overrides) - set(base))
+    if unknown:
+        raise ConfigError(f"model_config: unknown BERT config key(s) {unknown}")
+    base.update(overrides)
+    BertConfig(**base)  # validate now, not at the first step
+    return ml_collections.ConfigDict(base)
+
+
+def from_config_dict(section) -> BertConfig:
+    """BertConfig from a config's `model` section (a ConfigDict or a mapping)."""
+    d = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    return BertConfig.from_dict({k: v for k, v in d.items() if k in fields},
+                                source="config.model")

@@ -1,0 +1,64 @@
+"""Shared building blocks: initialisers with logical axis names, Dense, LayerNorm, activations."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bert_jax.models.config import BertConfig
+
+
+def weight_init(config: BertConfig, axes: Sequence[str]):
+    """Truncated normal (+-2 std, std = initializer_range), as the original TF code."""
+    return nn.with_logical_partitioning(
+        nn.initializers.truncated_normal(stddev=config.initializer_range), tuple(axes))
+
+
+def zeros_init(axes: Sequence[str]):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(axes))
+
+
+def ones_init(axes: Sequence[str]):
+    return nn.with_logical_partitioning(nn.initializers.ones_init(), tuple(axes))
+
+
+def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+    """A Dense layer whose kernel is named `axes` (in, out) and bias `axes[1]`."""
+    return nn.Dense(
+        features,
+        dtype=config.compute_dtype,
+        param_dtype=config.storage_dtype,
+        kernel_init=weight_init(config, axes),
+        bias_init=zeros_init(axes[1:]),
+        name=name,
+    )
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+    # flax computes the mean / variance in float32 even for a bfloat16 input.
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=config.compute_dtype,
+        param_dtype=config.storage_dtype,
+        scale_init=ones_init(("embed",)),
+        bias_init=zeros_init(("embed",)),
+        name=name,
+    )
+
+
+def activation(name: str):
+    if name == "gelu":
+        # The paper's GELU: exact, through erf (BERT's TF code, transformers' "gelu").
+        return lambda x: jax.nn.gelu(x, approximate=False)
+    if name in ("gelu_new", "gelu_tanh"):
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    if name == "relu":
+        return jax.nn.relu
+    if name == "tanh":
+        return jnp.tanh
+    if name == "silu":
+        return jax.nn.silu
+    raise ValueError(f"unknown activation {name!r}")

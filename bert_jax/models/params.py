@@ -1,0 +1,51 @@
+"""Parameter-tree utilities: counting, and converting between the unscanned
+(`encoder/layer_{i}`) and scanned (`encoder/layers`, leading [layers] axis) layouts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def count_params(tree: Any) -> int:
+    """Number of scalars in a tree of arrays or ShapeDtypeStructs (boxed or not)."""
+    tree = flax.linen.meta.unbox(tree)
+    return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def _find_encoder(tree: dict, path=()):
+    """Yields (path, subtree) for every dict that has an 'encoder' child."""
+    if not isinstance(tree, dict):
+        return
+    if "encoder" in tree:
+        yield path, tree
+    for k, v in tree.items():
+        if k != "encoder":
+            yield from _find_encoder(v, path + (k,))
+
+
+def stack_layers(params: dict, num_layers: int) -> dict:
+    """layer_0..layer_{N-1} -> layers (leaves stacked on axis 0). Returns a new tree."""
+    params = flax.core.unfreeze(params)
+    for _, parent in list(_find_encoder(params)):
+        enc = dict(parent["encoder"])
+        layers = [enc.pop(f"layer_{i}") for i in range(num_layers)]
+        enc["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
+        parent["encoder"] = enc
+    return params
+
+
+def unstack_layers(params: dict, num_layers: int) -> dict:
+    """layers (leading [layers] axis) -> layer_0..layer_{N-1}. Returns a new tree."""
+    params = flax.core.unfreeze(params)
+    for _, parent in list(_find_encoder(params)):
+        enc = dict(parent["encoder"])
+        stacked = enc.pop("layers")
+        for i in range(num_layers):
+            enc[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], stacked)
+        parent["encoder"] = enc
+    return params
