@@ -1,0 +1,70 @@
+"""A model directory: the portable form of a trained or imported BERT.
+
+    DIR/bert_config.json   BertConfig (original keys + ours)
+    DIR/params/            orbax checkpoint of the unscanned parameter tree:
+                           {"bert": encoder, and any heads: "mlm", "nsp", "classifier", ...}
+    DIR/vocab.txt          optional: the vocabulary the model was trained with
+
+`python -m bert_jax.convert from-tf|from-hf` writes one; `train.init_checkpoint` and
+`launch/extract_features.py` read one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any, Optional
+
+import numpy as np
+import orbax.checkpoint as ocp
+
+from bert_jax.models.config import BertConfig
+from bert_jax.models.params import unstack_layers
+
+CONFIG_NAME = "bert_config.json"
+PARAMS_NAME = "params"
+VOCAB_NAME = "vocab.txt"
+
+
+def is_model_dir(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, CONFIG_NAME)) and os.path.isdir(
+        os.path.join(path, PARAMS_NAME))
+
+
+def save_model_dir(path: str, params: Any, config: BertConfig,
+                   vocab_file: Optional[str] = None) -> None:
+    """Writes params (unscanned or scanned: stored unscanned) + config (+ vocab).
+    Written under a temporary name and renamed, so a crash never leaves a half model dir."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        raise FileExistsError(f"{path} already exists; refusing to overwrite a model directory")
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    if config.scan_layers:
+        params = unstack_layers(params, config.num_hidden_layers)
+    params = _to_numpy(params)
+    with ocp.StandardCheckpointer() as ckptr:
+        ckptr.save(os.path.join(tmp, PARAMS_NAME), params)
+        ckptr.wait_until_finished()
+    config.replace(scan_layers=False).to_json_file(os.path.join(tmp, CONFIG_NAME))
+    if vocab_file:
+        shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_NAME))
+    os.replace(tmp, path)
+
+
+def load_model_dir(path: str) -> tuple[dict, BertConfig]:
+    """Returns (params as numpy, unscanned; config). Errors name the directory."""
+    if not is_model_dir(path):
+        raise FileNotFoundError(
+            f"{path} is not a model directory: expected {CONFIG_NAME} and {PARAMS_NAME}/ in it")
+    config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
+    with ocp.StandardCheckpointer() as ckptr:
+        params = ckptr.restore(os.path.abspath(os.path.join(path, PARAMS_NAME)))
+    return _to_numpy(params), config
+
+
+def _to_numpy(tree):
+    import jax
+
+    return jax.tree_util.tree_map(np.asarray, tree)
