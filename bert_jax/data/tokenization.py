@@ -1,0 +1,223 @@
+"""Tokenizers for BERT: WordPiece (a BERT `vocab.txt`) or SentencePiece (a `.model` file).
+
+Both go through well-kept libraries, never hand-written splitting:
+
+* WordPiece through HF `tokenizers` (Rust): `BertNormalizer` (control-character cleanup,
+  CJK characters split out, lower-casing and accent stripping when uncased),
+  `BertPreTokenizer` (whitespace and punctuation split) and `WordPiece` (greedy
+  longest-match-first with the `##` continuation prefix, words over 100 characters become
+  `[UNK]`). Ids equal those of the original BERT `FullTokenizer` / `transformers`'
+  slow `BertTokenizer` (checked against goldens in tests/data_prep/).
+* SentencePiece through `sentencepiece`, lower-casing first when `do_lower_case`.
+
+Special tokens in the *text* are not special: "[MASK]" in a sentence is tokenized as
+"[", "mask", "]", as the original `create_pretraining_data.py` does.
+
+    tok = load_tokenizer(vocab_file="vocab.txt", do_lower_case=True)
+    tok.encode("Hello world")            # -> [7592, 2088]   (no [CLS]/[SEP])
+    tok.tokenize_words("unaffable x")    # -> [["una", "##ffa", "##ble"], ["x"]]
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import numpy as np
+
+# Special tokens every vocabulary must have for pre-training (the original names).
+REQUIRED_SPECIAL = ("[UNK]", "[CLS]", "[SEP]", "[MASK]")
+MAX_INPUT_CHARS_PER_WORD = 100  # BERT's WordpieceTokenizer default: longer words -> [UNK]
+
+
+class VocabError(ValueError):
+    """A vocabulary file that cannot be used (missing special tokens, empty, unreadable)."""
+
+
+class _BaseTokenizer:
+    """Shared id <-> token bookkeeping. Subclasses set `vocab` and implement `_encode_ids`."""
+
+    vocab: list[str]
+    source: str  # the file the vocabulary came from (for error messages)
+
+    def _init_vocab(self, vocab: list[str], specials: dict[str, int | None]) -> None:
+        self.vocab = vocab
+        # Later duplicates win, like the original `load_vocab` (an OrderedDict update).
+        self._token_to_id = {tok: i for i, tok in enumerate(vocab)}
+        missing = [name for name in REQUIRED_SPECIAL if specials.get(name) is None]
+        if missing:
+            raise VocabError(
+                f"{self.source}: vocabulary lacks special token(s) {', '.join(missing)} "
+                f"(needs {', '.join(REQUIRED_SPECIAL)}; [PAD] recommended). "
+                "Build one with data_prep/build_vocab.py.")
+        self.unk_id = specials["[UNK]"]
+        self.cls_id = specials["[CLS]"]
+        self.sep_id = specials["[SEP]"]
+        self.mask_id = specials["[MASK]"]
+        # Original BERT pads with id 0 whatever token sits there; keep that when [PAD] is absent.
+        pad = specials.get("[PAD]")
+        self.pad_id = 0 if pad is None else pad
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
+        return [self.vocab[int(i)] for i in ids]
+
+    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int]:
+        return [self._token_to_id.get(t, self.unk_id) for t in tokens]
+
+    def tokenize(self, text: str) -> list[str]:
+        return self.convert_ids_to_tokens(self.encode(text))
+
+    def tokenize_words(self, text: str) -> list[list[str]]:
+        """Tokens grouped by the word they came from: `<list[list[str]]>[words][pieces]`."""
+        return [self.convert_ids_to_tokens(ids) for ids in self.encode_words(text)]
+
+    def encode_words(self, text: str) -> list[list[int]]:
+        """Ids grouped by word (a word = a new group at every non-continuation piece)."""
+        words: list[list[int]] = []
+        cont = self.is_continuation
+        for i in self.encode(text):
+            if words and cont[i]:
+                words[-1].append(i)
+            else:
+                words.append([i])
+        return words
+
+    def encode_pretokenized(self, words: Sequence[str]) -> list[list[int]]:
+        """Ids of each pre-split word (e.g. CoNLL NER tokens): `<list[list[int]]>[words][pieces]`.
+
+        A word that yields no pieces (e.g. only control characters) gives an empty list, so
+        callers can keep the word <-> label alignment.
+        """
+        return [self.encode(w) for w in words]
+
+
+class WordPieceTokenizer(_BaseTokenizer):
+    """BERT WordPiece from a `vocab.txt`, through `tokenizers`."""
+
+    def __init__(self, vocab_file: str, do_lower_case: bool = True):
+        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+        self.source = vocab_file
+        self.do_lower_case = do_lower_case
+        vocab = _read_vocab_txt(vocab_file)
+        specials = {name: None for name in ("[PAD]",) + REQUIRED_SPECIAL}
+        for i, tok in enumerate(vocab):
+            if tok in specials:
+                specials[tok] = i
+        self._init_vocab(vocab, specials)
+        tk = Tokenizer(models.WordPiece(
+            vocab=dict(self._token_to_id), unk_token="[UNK]",
+            continuing_subword_prefix="##",
+            max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD))
+        # strip_accents=None follows lowercase, exactly BERT's rule (uncased strips accents).
+        tk.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=None,
+            lowercase=do_lower_case)
+        tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        self.backend = tk
+        self.is_continuation = np.array([t.startswith("##") for t in vocab], dtype=bool)
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of many texts at once (Rust; parallel unless TOKENIZERS_PARALLELISM=false)."""
+        encs = self.backend.encode_batch_fast(list(texts), add_special_tokens=False)
+        return [e.ids for e in encs]
+
+    def encode_words(self, text: str) -> list[list[int]]:
+        # Word boundaries from the pre-tokenizer (word_ids), not from "##": a word of
+        # [UNK] or a word split right after an [UNK] still groups correctly.
+        enc = self.backend.encode(text, add_special_tokens=False)
+        words: list[list[int]] = []
+        last = None
+        for i, w in zip(enc.ids, enc.word_ids):
+            if words and w == last:
+                words[-1].append(i)
+            else:
+                words.append([i])
+            last = w
+        return words
+
+
+class SentencePieceTokenizer(_BaseTokenizer):
+    """A SentencePiece model (ALBERT-style: pieces starting with U+2581 begin a word)."""
+
+    # Accepted spellings of each special token, first match wins.
+    _ALIASES = {"[PAD]": ("[PAD]", "<pad>"), "[UNK]": ("[UNK]", "<unk>"),
+                "[CLS]": ("[CLS]", "<cls>"), "[SEP]": ("[SEP]", "<sep>"),
+                "[MASK]": ("[MASK]", "<mask>")}
+
+    def __init__(self, spm_model_file: str, do_lower_case: bool = True):
+        import sentencepiece as spm
+
+        self.source = spm_model_file
+        self.do_lower_case = do_lower_case
+        if not os.path.isfile(spm_model_file):
+            raise FileNotFoundError(f"SentencePiece model not found: {spm_model_file}")
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.Load(spm_model_file)
+        except Exception as e:  # sentencepiece raises OSError/RuntimeError with C++ text
+            raise VocabError(f"{spm_model_file}: not a SentencePiece model ({e})") from None
+        vocab = [self.sp.IdToPiece(i) for i in range(self.sp.GetPieceSize())]
+        index = {tok: i for i, tok in enumerate(vocab)}
+        specials = {}
+        for name, aliases in self._ALIASES.items():
+            specials[name] = next((index[a] for a in aliases if a in index), None)
+        if specials["[UNK]"] is None and self.sp.unk_id() >= 0:
+            specials["[UNK]"] = self.sp.unk_id()
+        self._init_vocab(vocab, specials)
+        control = {self.cls_id, self.sep_id, self.mask_id, self.pad_id}
+        self.is_continuation = np.array(
+            [not t.startswith("\u2581") and i not in control for i, t in enumerate(vocab)],
+            dtype=bool)
+
+    def _prep(self, text: str) -> str:
+        # SentencePiece normalizes (NFKC) itself; lower-case first when uncased, as ALBERT.
+        return text.lower() if self.do_lower_case else text
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.EncodeAsIds(self._prep(text))
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.sp.Encode([self._prep(t) for t in texts], out_type=int)
+
+
+def _read_vocab_txt(path: str) -> list[str]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"vocab file not found: {path}")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise VocabError(f"{path}: not UTF-8 text at byte {e.start}") from None
+    # One token per line; the original strips each line. Drop only the final empty line.
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    vocab = [t.strip() for t in lines]
+    if not vocab:
+        raise VocabError(f"{path}: empty vocabulary")
+    return vocab
+
+
+def load_tokenizer(vocab_file: str | None = None, spm_model_file: str | None = None,
+                   do_lower_case: bool = True) -> WordPieceTokenizer | SentencePieceTokenizer:
+    """WordPiece from `vocab_file` or SentencePiece from `spm_model_file` (exactly one).
+
+    Raises FileNotFoundError (missing file) or VocabError (no [UNK]/[CLS]/[SEP]/[MASK])
+    naming the file, before any text is processed.
+    """
+    if bool(vocab_file) == bool(spm_model_file):
+        raise ValueError("give exactly one of vocab_file (WordPiece) or spm_model_file "
+                         f"(SentencePiece); got vocab_file={vocab_file!r}, "
+                         f"spm_model_file={spm_model_file!r}")
+    if spm_model_file:
+        return SentencePieceTokenizer(spm_model_file, do_lower_case=do_lower_case)
+    return WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
