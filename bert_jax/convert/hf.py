@@ -128,8 +128,8 @@ def _normalise_names(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
-class ConversionError(ValueError):
-    pass
+# One error type for every format (defined with the format-independent machinery).
+from bert_jax.convert.tensors import ConversionError  # noqa: E402
 
 
 def hf_to_params(state: Mapping[str, np.ndarray], config: BertConfig,

@@ -1,0 +1,171 @@
+"""Hugging Face model directories on disk: config.json + model.safetensors (or sharded
+safetensors, or pytorch_model.bin), read into / written from our parameter tree.
+
+The name <-> path table is `hf.py`'s (one table for both directions); this module adds the
+files, the check of names and shapes before any tensor is read, and the reports.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+from typing import Callable, Mapping, Optional
+
+import numpy as np
+
+from bert_jax.convert import hf, tensors
+from bert_jax.convert.tensors import ConversionError
+from bert_jax.models.config import BertConfig
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+TORCH_BIN_INDEX = "pytorch_model.bin.index.json"
+TORCH_MISSING = ("needs PyTorch to read pytorch_model.bin, and torch is not installed here. "
+                 "Install it (pip install torch), or convert the weights to model.safetensors "
+                 "where torch is available")
+
+
+def _hf_name(name: str) -> str:
+    # Old checkpoints (and TF-converted ones) name LayerNorm params gamma / beta.
+    return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+        "LayerNorm.beta", "LayerNorm.bias")
+
+
+def _transforms(config: BertConfig):
+    kinds = ("copy", "linear", "qkv", "qkv_bias", "attn_out")
+    to_ours = {k: functools.partial(lambda x, k: hf._to_ours(x, k, config), k=k) for k in kinds}
+    to_hf = {k: functools.partial(lambda x, k: hf._to_hf(x, k, config), k=k) for k in kinds}
+    return to_ours, to_hf
+
+
+def _open_weights(directory: str) -> tuple[dict[str, tuple], Callable[[str], np.ndarray], str]:
+    """({name: shape}, load(name), description) without reading any tensor data where the
+    format allows it (safetensors: header only)."""
+    from safetensors import safe_open
+
+    def from_safetensors(files: list[str]):
+        shapes, where = {}, {}
+        for path in files:
+            with safe_open(path, framework="numpy") as f:
+                for k in f.keys():
+                    shapes[k] = tuple(f.get_slice(k).get_shape())
+                    where[k] = path
+
+        def load(name):
+            with safe_open(where[name], framework="numpy") as f:
+                return f.get_tensor(name)
+
+        return shapes, load
+
+    index = os.path.join(directory, SAFETENSORS_INDEX)
+    single = os.path.join(directory, SAFETENSORS)
+    if os.path.isfile(single):
+        shapes, load = from_safetensors([single])
+        return shapes, load, single
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        shapes, load = from_safetensors([os.path.join(directory, n) for n in files])
+        return shapes, load, index
+    bins = [p for p in (TORCH_BIN, TORCH_BIN_INDEX) if os.path.isfile(os.path.join(directory, p))]
+    if bins:
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"{os.path.join(directory, bins[0])}: {TORCH_MISSING}") from None
+        files = [TORCH_BIN]
+        if bins[0] == TORCH_BIN_INDEX:
+            with open(os.path.join(directory, TORCH_BIN_INDEX), encoding="utf-8") as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        state = {}
+        for name in files:
+            state.update(torch.load(os.path.join(directory, name), map_location="cpu",
+                                    weights_only=True, mmap=True))
+
+        def load(name):
+            t = state[name]
+            return t.float().numpy() if t.dtype == torch.bfloat16 else t.numpy()
+
+        return ({k: tuple(v.shape) for k, v in state.items()}, load,
+                os.path.join(directory, bins[0]))
+    present = sorted(os.listdir(directory))
+    raise FileNotFoundError(
+        f"{directory}: no weights found; expected {SAFETENSORS}, {SAFETENSORS_INDEX} or "
+        f"{TORCH_BIN} (TF .h5 and Flax .msgpack files are not read: convert them with "
+        f"transformers first). The directory holds: {present[:20]}")
+
+
+def read_hf_dir(directory: str, progress: bool = False):
+    """Returns (params, config, ImportReport, vocab file or None)."""
+    config_path = os.path.join(directory, "config.json")
+    if not os.path.isfile(config_path):
+        raise FileNotFoundError(f"{config_path} not found: --input must be a Hugging Face "
+                                f"model directory (config.json + model.safetensors)")
+    with open(config_path, encoding="utf-8") as f:
+        config = hf.config_from_hf(json.load(f), source=config_path)
+    shapes, load, source = _open_weights(directory)
+    renamed = {_hf_name(k): k for k in shapes}
+    available = {k: shapes[v] for k, v in renamed.items()}
+    prefix = "bert." if any(k.startswith("bert.") for k in available) else ""
+    to_ours, to_hf = _transforms(config)
+    # hf's encoder paths are relative to "bert"; its head paths start at the root.
+    encoder = [(n, ("bert",) + p, k) for n, p, k in hf._layout(config, prefix)]
+    rows, report = tensors.plan_import(
+        encoder, hf.HEAD_LAYOUT, available, to_hf, config, source,
+        is_skipped=lambda n: any(n.endswith(d) for d in hf._DERIVED))
+    params = tensors.read_params(rows, lambda n: load(renamed[n]), to_ours, config, report,
+                                 progress)
+    vocab = os.path.join(directory, "vocab.txt")
+    return params, config, report, (vocab if os.path.isfile(vocab) else None)
+
+
+def config_to_hf(config: BertConfig, params: Mapping) -> dict:
+    """config.json for the heads present: BertForPreTraining when both pre-training heads
+    are there, BertModel for a bare encoder."""
+    if config.pre_ln:
+        raise ConversionError("a pre-LN model has no transformers BERT equivalent (post-LN)")
+    arch = "BertModel"
+    if "mlm" in params:
+        arch = "BertForPreTraining" if "nsp" in params else "BertForMaskedLM"
+    elif "qa_outputs" in params:
+        arch = "BertForQuestionAnswering"
+    d = hf.config_to_hf(config, architectures=(arch,))
+    if "classifier" in params:
+        d["architectures"] = ["BertForSequenceClassification"]
+        n = int(np.shape(params["classifier"]["dense"]["bias"])[0])
+        d["id2label"] = {str(i): f"LABEL_{i}" for i in range(n)}
+        d["label2id"] = {f"LABEL_{i}": i for i in range(n)}
+    return d
+
+
+def write_hf_dir(output: str, params: Mapping, config: BertConfig,
+                 vocab_file: Optional[str] = None) -> str:
+    """OUTPUT/model.safetensors + config.json (+ vocab.txt), loadable by transformers'
+    BertModel and BertFor* (the tied MLM decoder is written too, so loading reports no
+    missing keys). Written to a temporary directory and renamed. Returns OUTPUT."""
+    from safetensors.numpy import save_file
+
+    output = os.path.abspath(output)
+    if os.path.exists(output):
+        raise FileExistsError(f"{output} already exists; refusing to overwrite it")
+    left = tensors.unmapped(params, [(n, ("bert",) + p, k) for n, p, k in
+                                     hf._layout(config, "bert.")] + list(hf.HEAD_LAYOUT))
+    if left:
+        raise ConversionError(f"parameters with no Hugging Face name: {left[:10]}")
+    config_dict = config_to_hf(config, params)
+    state = hf.params_to_hf(params, config)
+    tmp = output + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    # transformers refuses safetensors files without a "format" in the metadata.
+    save_file(state, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
+    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(config_dict, f, indent=2, sort_keys=True)
+        f.write("\n")
+    if vocab_file:
+        shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt"))
+    os.replace(tmp, output)
+    return output
