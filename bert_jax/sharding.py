@@ -47,3 +47,94 @@ def check_axis_names(names: Sequence[str | None], where: str = "") -> None:
         if name is not None and name not in LOGICAL_AXES:
             raise ValueError(
                 f"{where}: logical axis name {name!r} is not one of {LOGICAL_AXES}")
+
+
+# --- the device mesh and the shardings derived from the rules --------------------------
+
+
+def rules_from_config(mesh_config=None) -> tuple:
+    """The logical-axis rules of a config's `mesh` section (`mesh.rules`: a sequence of
+    (logical name, mesh axis | sequence of mesh axes | None)); DEFAULT_RULES when unset."""
+    rules = None if mesh_config is None else mesh_config.get("rules", None)
+    if not rules:
+        return DEFAULT_RULES
+    out = []
+    for i, rule in enumerate(rules):
+        if len(rule) != 2:
+            raise ValueError(f"config.mesh.rules[{i}]={rule!r}: expected (logical name, mesh axes)")
+        name, axes = rule
+        check_axis_names([name], where=f"config.mesh.rules[{i}]")
+        axes_t = (axes,) if isinstance(axes, str) else tuple(axes or ())
+        for a in axes_t:
+            if a not in MESH_AXES:
+                raise ValueError(
+                    f"config.mesh.rules[{i}]: mesh axis {a!r} is not one of {MESH_AXES}")
+        out.append((name, axes if isinstance(axes, str) or axes is None else tuple(axes)))
+    return tuple(out)
+
+
+def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) sizes from `mesh.data/fsdp/tensor`; one of them may be -1 to take
+    the devices left over. The product must equal the device count."""
+    sizes = [int(mesh_config.get(a, 1)) for a in MESH_AXES]
+    fills = [a for a, s in zip(MESH_AXES, sizes) if s == -1]
+    if len(fills) > 1:
+        raise ValueError(f"config.mesh: only one axis may be -1, got {fills}")
+    if any(s == 0 or s < -1 for s in sizes):
+        raise ValueError(f"config.mesh: sizes must be positive or -1, got "
+                         f"{dict(zip(MESH_AXES, sizes))}")
+    known = 1
+    for s in sizes:
+        if s != -1:
+            known *= s
+    if fills:
+        if num_devices % known:
+            raise ValueError(
+                f"config.mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
+                f"divisible by the fixed axes' product {known}")
+        sizes = [num_devices // known if s == -1 else s for s in sizes]
+    elif known != num_devices:
+        raise ValueError(
+            f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {known} devices, "
+            f"but there are {num_devices}")
+    return tuple(sizes)
+
+
+def make_mesh(mesh_config, devices=None):
+    """A `jax.sharding.Mesh` with axes ("data", "fsdp", "tensor") over all (or the given)
+    devices. On TPU `jax.make_mesh` orders devices along the physical torus so that the
+    innermost axes (tensor, then fsdp) get the fastest links."""
+    import jax
+    import numpy as np
+
+    devices = jax.devices() if devices is None else list(devices)
+    shape = mesh_shape(mesh_config, len(devices))
+    if len(devices) == len(jax.devices()):
+        # Auto axes: GSPMD propagates shardings from the annotations (flax's logical
+        # constraints), rather than the explicit-sharding type system.
+        return jax.make_mesh(shape, MESH_AXES, (jax.sharding.AxisType.Auto,) * 3,
+                             devices=devices)
+    return jax.sharding.Mesh(np.asarray(devices).reshape(shape), MESH_AXES,
+                             axis_types=(jax.sharding.AxisType.Auto,) * 3)
+
+
+def logical_shardings(boxed_tree, mesh, rules=DEFAULT_RULES):
+    """NamedShardings for a tree whose leaves are flax `LogicallyPartitioned` boxes (or
+    plain leaves, which are replicated): the tree `nn.meta.unbox(boxed_tree)` has."""
+    import flax.linen as nn
+
+    specs = nn.get_partition_spec(boxed_tree)
+    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def batch_sharding(mesh):
+    """Examples split over ("data", "fsdp"), every other axis whole."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def replicated(mesh):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return NamedSharding(mesh, PartitionSpec())

@@ -1,0 +1,189 @@
+"""The pure train and eval steps, and their jitted, sharded forms.
+
+    train_step(state, batch, rng) -> (state, metrics)     # via functools.partial(...)
+
+A batch is a dict of the original pre-training features, leading axis = the global batch:
+    input_ids, input_mask, segment_ids: <int32>[batch, length]
+    masked_lm_positions, masked_lm_ids: <int32>[batch, P]; masked_lm_weights: <float32>[batch, P]
+    next_sentence_labels: <int32>[batch] or [batch, 1]; example_weights (eval only): <float32>[batch]
+
+Gradient accumulation (`accum_steps` > 1) scans over micro-batches inside the one jitted
+step. Each micro-batch's loss is its *sum* of MLM / NSP cross-entropies divided by the
+counts of the *whole* batch, so the summed gradient is exactly the gradient of the
+large-batch loss (a mean of micro-batch means would weight micro-batches with fewer masked
+tokens too much). Only one extra parameter-sized float32 buffer (the running gradient sum)
+is live, the same as optax.MultiSteps, but the optimizer runs once per large batch and no
+step-counter bookkeeping leaks into the optimizer state.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bert_jax.tasks.pretraining import pretraining_loss
+from bert_jax.train.state import TrainState, mesh_context
+
+BATCH_AXES = ("data", "fsdp")
+
+
+def model_inputs(batch: Mapping[str, jax.Array]) -> dict:
+    """Original feature names -> BertForPreTraining keyword arguments."""
+    return dict(input_ids=batch["input_ids"], attention_mask=batch["input_mask"],
+                token_type_ids=batch["segment_ids"],
+                masked_lm_positions=batch["masked_lm_positions"])
+
+
+def _totals(batch) -> tuple[jax.Array, jax.Array]:
+    """(number of real masked tokens, number of examples) in the whole batch: the
+    denominators of the large-batch mean losses."""
+    w = batch["masked_lm_weights"].astype(jnp.float32)
+    ex = batch.get("example_weights")
+    if ex is not None:
+        w = w * ex.astype(jnp.float32)[:, None]
+        n = jnp.sum(ex.astype(jnp.float32))
+    else:
+        n = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+    return jnp.maximum(jnp.sum(w), 1e-5), jnp.maximum(n, 1e-5)
+
+
+def _loss(params, model, batch, rng, mlm_total, nsp_total, deterministic):
+    mlm_logits, nsp_logits = model.apply(
+        {"params": params}, **model_inputs(batch), deterministic=deterministic,
+        rngs=None if deterministic else {"dropout": rng})
+    _, m = pretraining_loss(mlm_logits, nsp_logits, batch)
+    loss = m["mlm_loss_sum"] / mlm_total
+    if nsp_logits is not None:
+        loss = loss + m["nsp_loss_sum"] / nsp_total
+    sums = {k: v for k, v in m.items() if k.endswith(("_sum", "_count", "_correct"))}
+    return loss, sums
+
+
+def _micro_batches(batch, accum_steps: int, mesh_axes):
+    """[B, ...] -> [accum, B / accum, ...], micro-batch i = rows i, i + accum, ... so that
+    each device's contiguous block of rows contributes equally to every micro-batch (no
+    data movement between devices)."""
+    def split(x):
+        b = x.shape[0]
+        if b % accum_steps:
+            raise ValueError(f"batch size {b} is not divisible by accum_steps={accum_steps}")
+        x = x.reshape((b // accum_steps, accum_steps) + x.shape[1:])
+        x = jnp.swapaxes(x, 0, 1)
+        if mesh_axes:
+            x = jax.lax.with_sharding_constraint(x, PartitionSpec(None, mesh_axes))
+        return x
+    return jax.tree_util.tree_map(split, batch)
+
+
+def _finite_tree_where(ok, new, old):
+    return jax.tree_util.tree_map(lambda n, o: jnp.where(ok, n, o), new, old)
+
+
+def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransformation,
+               schedule, accum_steps: int = 1, deterministic: bool = False,
+               batch_axes=BATCH_AXES):
+    """One optimizer update on `batch`. rng: the run's base key; the dropout key of this
+    step is fold_in(rng, step) (and fold_in(., i) for micro-batch i).
+
+    A non-finite loss or gradient norm leaves params and optimizer state unchanged
+    (metric `train/nonfinite` = 1); the loop then stops or carries on (skip_nonfinite).
+    Returns (new state, dict of float32 scalars)."""
+    step_rng = jax.random.fold_in(rng, state.step)
+    mlm_total, nsp_total = _totals(batch)
+    grad_fn = jax.value_and_grad(_loss, has_aux=True)
+    if accum_steps == 1:
+        (loss, sums), grads = grad_fn(state.params, model, batch, step_rng, mlm_total,
+                                      nsp_total, deterministic)
+    else:
+        micro = _micro_batches(batch, accum_steps, batch_axes)
+
+        def body(carry, xs):
+            i, mb = xs
+            (l, s), g = grad_fn(state.params, model, mb, jax.random.fold_in(step_rng, i),
+                                mlm_total, nsp_total, deterministic)
+            return jax.tree_util.tree_map(jnp.add, carry, (l, s, g)), None
+
+        zero_sums = jax.eval_shape(
+            lambda: _loss(state.params, model, jax.tree_util.tree_map(lambda x: x[0], micro),
+                          step_rng, mlm_total, nsp_total, True)[1])
+        init = (jnp.zeros((), jnp.float32),
+                jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), zero_sums),
+                jax.tree_util.tree_map(jnp.zeros_like, state.params))
+        (loss, sums, grads), _ = jax.lax.scan(
+            body, init, (jnp.arange(accum_steps), micro))
+
+    grad_norm = optax.global_norm(grads)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    new_state = TrainState(
+        step=state.step + 1,
+        params=_finite_tree_where(ok, params, state.params),
+        opt_state=_finite_tree_where(ok, opt_state, state.opt_state))
+    metrics = {
+        "train/loss": loss,
+        "train/mlm_loss": sums["mlm_loss_sum"] / mlm_total,
+        "train/mlm_acc": sums["mlm_correct"] / mlm_total,
+        "train/grad_norm": grad_norm,
+        "train/param_norm": optax.global_norm(new_state.params),
+        "train/lr": jnp.asarray(schedule(state.step), jnp.float32),
+        "train/nonfinite": (~ok).astype(jnp.float32),
+    }
+    if "nsp_loss_sum" in sums:
+        metrics["train/nsp_loss"] = sums["nsp_loss_sum"] / nsp_total
+        metrics["train/nsp_acc"] = sums["nsp_correct"] / nsp_total
+    return new_state, {k: v.astype(jnp.float32) for k, v in metrics.items()}
+
+
+def eval_step(params, batch, *, model):
+    """Sums over one eval batch (filler examples have example_weights 0):
+    mlm_loss_sum, mlm_count, mlm_correct (+ nsp_loss_sum, nsp_count, nsp_correct)."""
+    mlm_total, nsp_total = _totals(batch)
+    _, sums = _loss(params, model, batch, None, mlm_total, nsp_total, True)
+    return sums
+
+
+class _InMesh:
+    """Calls (and so traces) a jitted function under the mesh and the logical-axis rules,
+    which flax's activation constraints and the micro-batch constraint read."""
+
+    def __init__(self, jitted, mesh, rules):
+        self.jitted, self.mesh, self.rules = jitted, mesh, rules
+
+    def __call__(self, *args):
+        with mesh_context(self.mesh, self.rules):
+            return self.jitted(*args)
+
+    def lower(self, *args):
+        with mesh_context(self.mesh, self.rules):
+            return self.jitted.lower(*args)
+
+
+def jit_train_step(model, tx, schedule, state_shardings, mesh, rules, *,
+                   accum_steps: int = 1, deterministic: bool = False):
+    """train_step jitted once: state sharded by `state_shardings` (and donated), batch split
+    over ("data", "fsdp"), rng and metrics replicated."""
+    fn = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
+                           accum_steps=accum_steps, deterministic=deterministic)
+    batch_sh = NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+    rep = NamedSharding(mesh, PartitionSpec())
+    return _InMesh(jax.jit(fn, in_shardings=(state_shardings, batch_sh, rep),
+                           out_shardings=(state_shardings, rep), donate_argnums=(0,)),
+                   mesh, rules)
+
+
+def jit_eval_step(model, params_shardings, mesh, rules):
+    fn = functools.partial(eval_step, model=model)
+    batch_sh = NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+    rep = NamedSharding(mesh, PartitionSpec())
+    return _InMesh(jax.jit(fn, in_shardings=(params_shardings, batch_sh), out_shardings=rep),
+                   mesh, rules)
+
+
+def host_metrics(metrics: Mapping[str, Any]) -> dict:
+    return {k: float(v) for k, v in jax.device_get(dict(metrics)).items()}
