@@ -11,18 +11,36 @@ import jax.numpy as jnp
 from bert_jax.models.config import BertConfig
 
 
+class _Partitioned(nn.LogicallyPartitioned):
+    """flax's LogicallyPartitioned, except that a value whose rank differs from its names
+    is unboxed without the sharding constraint: DenseGeneral initialises its kernel flat
+    (2-D) and unboxes it before reshaping to the named rank, which under a global mesh
+    would apply a 3-name constraint to a 2-D array and fail (flax 0.12)."""
+
+    def unbox(self, apply_constraint=True):
+        if jnp.ndim(self.value) != len(self.names):
+            return self.value
+        return super().unbox(apply_constraint)
+
+
+def _with_logical_partitioning(fn, names):
+    def wrapper(*args, **kwargs):
+        return _Partitioned(fn(*args, **kwargs), tuple(names))
+    return wrapper
+
+
 def weight_init(config: BertConfig, axes: Sequence[str]):
     """Truncated normal (+-2 std, std = initializer_range), as the original TF code."""
-    return nn.with_logical_partitioning(
+    return _with_logical_partitioning(
         nn.initializers.truncated_normal(stddev=config.initializer_range), tuple(axes))
 
 
 def zeros_init(axes: Sequence[str]):
-    return nn.with_logical_partitioning(nn.initializers.zeros_init(), tuple(axes))
+    return _with_logical_partitioning(nn.initializers.zeros_init(), tuple(axes))
 
 
 def ones_init(axes: Sequence[str]):
-    return nn.with_logical_partitioning(nn.initializers.ones_init(), tuple(axes))
+    return _with_logical_partitioning(nn.initializers.ones_init(), tuple(axes))
 
 
 def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
