@@ -1,0 +1,20 @@
+import jax
+import jax.numpy as jnp
+
+from bert_jax.models import BertConfig
+
+
+def tiny_config(**kw) -> BertConfig:
+    base = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=37, max_position_embeddings=64)
+    base.update(kw)
+    return BertConfig(**base)
+
+
+def random_batch(config: BertConfig, batch=3, length=16, seed=0):
+    rng = jax.random.PRNGKey(seed)
+    ids = jax.random.randint(rng, (batch, length), 5, config.vocab_size)
+    lengths = jnp.array([length, length - 5, 4])[:batch]
+    mask = (jnp.arange(length)[None, :] < lengths[:, None]).astype(jnp.int32)
+    types = ((jnp.arange(length)[None, :] >= lengths[:, None] // 2) & (mask > 0)).astype(jnp.int32)
+    return ids * mask, mask, types

@@ -1,0 +1,66 @@
+import json
+
+import pytest
+
+from bert_jax.models import BertConfig, ConfigError
+from bert_jax.models.config import ORIGINAL_KEYS, from_config_dict, model_config
+
+# Google's released BERT-Base uncased bert_config.json, verbatim.
+ORIGINAL_BASE = {
+    "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu", "hidden_dropout_prob": 0.1,
+    "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+    "max_position_embeddings": 512, "num_attention_heads": 12, "num_hidden_layers": 12,
+    "type_vocab_size": 2, "vocab_size": 30522,
+}
+
+
+def test_reads_and_writes_original_format(tmp_path):
+    path = tmp_path / "bert_config.json"
+    path.write_text(json.dumps(ORIGINAL_BASE))
+    config = BertConfig.from_json_file(path)
+    assert config == BertConfig()  # our defaults are BERT-Base
+    out = tmp_path / "out.json"
+    config.to_json_file(out, original_only=True)
+    assert json.loads(out.read_text()) == ORIGINAL_BASE
+    full = json.loads(config.to_json_string())
+    assert set(full) == set(ORIGINAL_KEYS) | {"layer_norm_eps", "pre_ln", "dtype", "param_dtype",
+                                              "remat", "scan_layers"}
+    assert BertConfig.from_dict(full) == config
+
+
+def test_unknown_key_is_named(tmp_path):
+    path = tmp_path / "bert_config.json"
+    path.write_text(json.dumps({**ORIGINAL_BASE, "hiden_size": 3}))
+    with pytest.raises(ConfigError, match=r"bert_config.json.*'hiden_size'"):
+        BertConfig.from_json_file(path)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(hidden_size=100, num_attention_heads=12), "not divisible"),
+    (dict(num_hidden_layers=0), "num_hidden_layers must be a positive integer"),
+    (dict(vocab_size=-5), "vocab_size"),
+    (dict(hidden_dropout_prob=1.5), "hidden_dropout_prob"),
+    (dict(hidden_act="swish2"), "hidden_act"),
+    (dict(remat="sometimes"), "remat"),
+    (dict(dtype="float8"), "dtype"),
+])
+def test_validation(change, message):
+    with pytest.raises(ConfigError, match=message):
+        BertConfig(**change)
+
+
+def test_bad_json_names_file(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="broken.json"):
+        BertConfig.from_json_file(path)
+
+
+def test_model_config_section():
+    section = model_config(hidden_size=128, num_attention_heads=2)
+    section.lock()
+    assert from_config_dict(section) == BertConfig(hidden_size=128, num_attention_heads=2)
+    with pytest.raises(AttributeError):
+        section.hiddden_size = 3
+    with pytest.raises(ConfigError, match="'hiddn'"):
+        model_config(hiddn=3)
