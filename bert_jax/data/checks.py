@@ -1,0 +1,176 @@
+"""Checks of pre-training records against the config, naming the file and the values.
+
+The most common silent failure in BERT pre-training is data written with other lengths or
+another vocabulary than the model's config. `check_files` reads the first records of each
+file (cheap: a few records per file, files read in parallel) and `check_batch` checks a
+parsed batch; both raise `DataCheckError` listing every problem as
+`<file> record <i>: <feature>: expected ..., found ...`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+from bert_jax.data import features as features_lib
+
+MAX_LINES = 20
+
+
+class DataCheckError(ValueError):
+    """Input records that do not match the config."""
+
+
+def _raise(problems: list[str], what: str):
+    if problems:
+        shown = problems[:MAX_LINES]
+        more = len(problems) - len(shown)
+        raise DataCheckError(
+            f"{what}: {len(problems)} problem(s):\n  " + "\n  ".join(shown)
+            + (f"\n  ... and {more} more" if more else "")
+            + "\nRun `python -m bert_jax.data.inspect --input=<glob>` for a full report.")
+
+
+def decode_example(serialized: bytes) -> dict[str, tuple[str, np.ndarray]]:
+    """A serialized tf.train.Example -> {feature: (kind, values)}; kind in int64/float/bytes."""
+    import tensorflow as tf
+    example = tf.train.Example.FromString(serialized)
+    out = {}
+    for name, feature in example.features.feature.items():
+        kind = feature.WhichOneof("kind")
+        if kind == "int64_list":
+            out[name] = ("int64", np.asarray(feature.int64_list.value, np.int64))
+        elif kind == "float_list":
+            out[name] = ("float", np.asarray(feature.float_list.value, np.float32))
+        elif kind == "bytes_list":
+            out[name] = ("bytes", np.asarray(feature.bytes_list.value, object))
+        else:
+            out[name] = ("empty", np.zeros(0))
+    return out
+
+
+def _value_problems(values: Mapping[str, np.ndarray], *, max_seq_length: int,
+                    vocab_size: int | None) -> list[str]:
+    """Range checks shared by records and batches; values keyed by feature name."""
+    problems = []
+
+    def bad(name, lo, hi, what):
+        v = values.get(name)
+        if v is None or v.size == 0:
+            return
+        if v.min() < lo or v.max() >= hi:
+            problems.append(f"{name}: expected values in [{lo}, {hi}) ({what}), found "
+                            f"min {v.min()}, max {v.max()}")
+
+    if vocab_size:
+        bad("input_ids", 0, vocab_size, f"vocab_size={vocab_size}")
+        bad("masked_lm_ids", 0, vocab_size, f"vocab_size={vocab_size}")
+    else:
+        bad("input_ids", 0, np.iinfo(np.int32).max, "non-negative")
+    bad("input_mask", 0, 2, "0/1")
+    bad("segment_ids", 0, 2, "type_vocab_size=2")
+    bad("masked_lm_positions", 0, max_seq_length, f"max_seq_length={max_seq_length}")
+    bad("next_sentence_labels", 0, 2, "0 IsNext / 1 random")
+    return problems
+
+
+def check_record(decoded: Mapping[str, tuple[str, np.ndarray]], *, max_seq_length: int,
+                 max_predictions_per_seq: int, vocab_size: int | None = None) -> list[str]:
+    """Problems of one decoded record (see decode_example); empty list if it is fine."""
+    lengths = features_lib.feature_lengths(max_seq_length, max_predictions_per_seq)
+    problems = []
+    missing = [n for n in features_lib.PRETRAIN_FEATURES if n not in decoded]
+    if missing:
+        problems.append(f"missing feature(s) {missing}; found {sorted(decoded)}")
+    for name, (kind, key) in features_lib.PRETRAIN_FEATURES.items():
+        if name not in decoded:
+            continue
+        found_kind, values = decoded[name]
+        if found_kind != kind:
+            problems.append(f"{name}: expected {kind} values, found {found_kind}")
+        if values.shape[0] != lengths[name]:
+            problems.append(f"{name}: expected {lengths[name]} values ({key or 'one label'}"
+                            f"{'=' + str(lengths[name]) if key else ''}), found "
+                            f"{values.shape[0]}")
+    values = {n: v for n, (k, v) in decoded.items() if k in ("int64", "float")}
+    problems += _value_problems(values, max_seq_length=max_seq_length, vocab_size=vocab_size)
+    return problems
+
+
+def first_records(files: Sequence[str], records_per_file: int, threads: int = 16):
+    """[(file, [serialized records], error or None)] reading the head of each file."""
+    import tensorflow as tf
+
+    def head(path):
+        records = []
+        try:
+            for r in tf.data.TFRecordDataset(path).take(records_per_file):
+                records.append(r.numpy())
+            return path, records, None
+        except tf.errors.OpError as e:
+            msg = getattr(e, "message", str(e)).split(" [Op:")[0]
+            return path, records, msg
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        return list(pool.map(head, files))
+
+
+def check_files(files: Sequence[str], *, max_seq_length: int, max_predictions_per_seq: int,
+                vocab_size: int | None = None, records_per_file: int = 2,
+                skip_unreadable: bool = False) -> None:
+    """Raises DataCheckError if the first records of any file disagree with the config."""
+    problems = []
+    for path, records, error in first_records(files, records_per_file):
+        if error and not skip_unreadable:
+            problems.append(f"{path}: unreadable TFRecord file: {error}")
+        if not records and not error:
+            problems.append(f"{path}: empty file (no records)")
+        for i, record in enumerate(records):
+            try:
+                decoded = decode_example(record)
+            except Exception as e:  # a record that is not a tf.train.Example
+                problems.append(f"{path} record {i}: not a tf.train.Example ({e})")
+                continue
+            for p in check_record(decoded, max_seq_length=max_seq_length,
+                                  max_predictions_per_seq=max_predictions_per_seq,
+                                  vocab_size=vocab_size):
+                problems.append(f"{path} record {i}: {p}")
+    _raise(problems, f"input files do not match the config (max_seq_length={max_seq_length}, "
+                     f"max_predictions_per_seq={max_predictions_per_seq}, "
+                     f"vocab_size={vocab_size})")
+
+
+def check_batch(batch: Mapping[str, np.ndarray], *, max_seq_length: int,
+                max_predictions_per_seq: int, vocab_size: int | None = None,
+                source: str = "batch") -> None:
+    """Checks names, shapes, dtypes and id ranges of a host batch (numpy, as the iterators
+    yield); `source` (e.g. the file glob) is named in the error."""
+    problems = []
+    lengths = features_lib.feature_lengths(max_seq_length, max_predictions_per_seq)
+    names = list(features_lib.PRETRAIN_FEATURES) + ["example_weights"]
+    missing = [n for n in names if n not in batch]
+    if missing:
+        problems.append(f"missing feature(s) {missing}; found {sorted(batch)}")
+    rows = {np.shape(v)[0] for v in batch.values() if np.ndim(v)}
+    if len(rows) > 1:
+        problems.append(f"features disagree on the batch size: {sorted(rows)}")
+    for name in names:
+        if name not in batch:
+            continue
+        v = np.asarray(batch[name])
+        if name in ("next_sentence_labels", "example_weights"):
+            if v.ndim not in (1, 2) or (v.ndim == 2 and v.shape[1] != 1):
+                problems.append(f"{name}: expected shape [batch] or [batch, 1], found "
+                                f"{list(v.shape)}")
+        elif v.ndim != 2 or v.shape[1] != lengths[name]:
+            problems.append(f"{name}: expected shape [batch, {lengths[name]}], found "
+                            f"{list(v.shape)}")
+        want = np.floating if name in ("masked_lm_weights", "example_weights") else np.integer
+        if not np.issubdtype(v.dtype, want):
+            problems.append(f"{name}: expected {want.__name__} dtype, found {v.dtype}")
+    problems += _value_problems({k: np.asarray(v) for k, v in batch.items()},
+                                max_seq_length=max_seq_length, vocab_size=vocab_size)
+    _raise(problems, f"{source}: batch does not match the config (max_seq_length="
+                     f"{max_seq_length}, max_predictions_per_seq={max_predictions_per_seq}, "
+                     f"vocab_size={vocab_size})")

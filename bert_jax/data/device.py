@@ -1,0 +1,158 @@
+"""Host-local numpy batches -> global jax.Arrays sharded on the logical "batch" axis.
+
+    sharding = device.batch_sharding(mesh, rules)            # rules: config.mesh rules
+    batch = device.to_global(next(host_it), sharding)         # dict of global jax.Array
+    it = device.DevicePrefetcher(host_it, sharding, size=2)   # a background thread keeps
+    batch = next(it)                                          # `size` batches on device
+
+Each host passes its own [local_batch, ...] arrays; `jax.make_array_from_process_local_data`
+assembles the [global_batch, ...] array, dimension 0 sharded over the mesh axes the rules
+give to "batch" (("data", "fsdp") by default).
+
+`DevicePrefetcher.get_state()` stays exact although the thread runs ahead: the state is the
+host iterator's state plus the host batches already pulled but not yet returned, which are
+replayed first after `set_state`. Never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import queue
+import threading
+from typing import Any, Iterator, Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from bert_jax import sharding as sharding_lib
+from bert_jax.data import state as state_lib
+
+
+def batch_mesh_axes(mesh: Mesh, rules: Sequence | None = None) -> tuple[str, ...]:
+    """Mesh axes of the logical "batch" axis under `rules`, limited to the mesh's axes."""
+    rules = sharding_lib.DEFAULT_RULES if rules is None else rules
+    target = dict((name, axes) for name, axes in rules).get("batch")
+    if target is None:
+        return ()
+    target = (target,) if isinstance(target, str) else tuple(target)
+    return tuple(a for a in target if a in mesh.axis_names)
+
+
+def batch_sharding(mesh: Mesh, rules: Sequence | None = None) -> NamedSharding:
+    """NamedSharding of a batch array: dimension 0 over the "batch" mesh axes."""
+    return NamedSharding(mesh, PartitionSpec(batch_mesh_axes(mesh, rules) or None))
+
+
+def to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:
+    """Host-local numpy batch -> dict of global jax.Arrays (batch = local x processes)."""
+    spec = sharding.spec[0] if len(sharding.spec) else None
+    axes = () if spec is None else ((spec,) if isinstance(spec, str) else tuple(spec))
+    shards = math.prod(sharding.mesh.shape[a] for a in axes)
+    out = {}
+    for name, local in batch.items():
+        local = np.asarray(local)
+        global_rows = local.shape[0] * jax.process_count()
+        if global_rows % shards:
+            raise ValueError(
+                f"{name}: global batch {global_rows} is not divisible by the {shards} "
+                f"devices of mesh axes {axes}; choose data.batch_size as a multiple of it")
+        out[name] = jax.make_array_from_process_local_data(sharding, local)
+    return out
+
+
+class DevicePrefetcher:
+    """Iterator of global-array batches, `size` batches prepared ahead in a thread.
+
+    host_iterator: any of bert_jax.data's iterators (next -> dict of numpy; get_state /
+    set_state). Call close() (or use as a context manager) to stop the thread.
+    """
+
+    def __init__(self, host_iterator, sharding: NamedSharding, size: int = 2):
+        self._host = host_iterator
+        self._sharding = sharding
+        self._size = max(1, size)
+        self._lock = threading.Lock()
+        self._replay: collections.deque = collections.deque()
+        self._start()
+
+    def _start(self):
+        self._pending: collections.deque = collections.deque()  # pulled, not yet returned
+        self._queue: queue.Queue = queue.Queue()
+        self._slots = threading.Semaphore(self._size)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+
+    def _work(self):
+        while True:
+            self._slots.acquire()
+            if self._stop.is_set():
+                return
+            try:
+                with self._lock:
+                    host = self._replay.popleft() if self._replay else next(self._host)
+                    self._pending.append(host)
+                item = to_global(host, self._sharding)
+            except BaseException as e:  # StopIteration or a data error: hand it over
+                self._queue.put(e)
+                return
+            self._queue.put(item)
+
+    def __iter__(self) -> Iterator[dict[str, jax.Array]]:
+        return self
+
+    def __next__(self) -> dict[str, jax.Array]:
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            self._queue.put(item)  # keep raising on later calls
+            raise item
+        with self._lock:
+            self._pending.popleft()
+        self._slots.release()
+        return item
+
+    def close(self):
+        self._stop.set()
+        self._slots.release()
+        self._thread.join(timeout=60)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        with self._lock:
+            state = dict(self._host.get_state())
+            ahead = list(self._pending) + list(self._replay)
+        meta = state_lib.unpack_meta(state)
+        meta["prefetched"] = len(ahead)
+        state[state_lib.META] = state_lib.pack_meta(meta)
+        for i, batch in enumerate(ahead):
+            for name, value in batch.items():
+                state[f"prefetched/{i}/{name}"] = np.asarray(value)
+        return state
+
+    def set_state(self, state: dict[str, np.ndarray]) -> None:
+        self.close()
+        meta = state_lib.unpack_meta(state)
+        ahead = [{} for _ in range(meta.pop("prefetched", 0))]
+        host_state = {state_lib.META: state_lib.pack_meta(meta)}
+        for key, value in state.items():
+            if key.startswith("prefetched/"):
+                _, i, name = key.split("/", 2)
+                ahead[int(i)][name] = value
+            elif key != state_lib.META:
+                host_state[key] = value
+        self._host.set_state(host_state)
+        self._replay = collections.deque(ahead)
+        self._start()
+
+    def save(self, path) -> None:
+        state_lib.save_state(path, self.get_state())
+
+    def restore(self, path) -> None:
+        self.set_state(state_lib.load_state(path))

@@ -1,0 +1,187 @@
+"""Pre-training input: the `data` config section and the iterators the trainer uses.
+
+    from bert_jax.data import pretrain, device
+    config.data = pretrain.data_config()            # in configs/*.py; override on the CLI
+    pretrain.check_input(config.data)                # before compiling: names a bad file
+    train_it = pretrain.train_iterator(config.data)  # endless host-local numpy batches
+    batch = next(train_it)                           # dict[str, np.ndarray], see below
+    state = train_it.get_state(); train_it.set_state(state)   # exact resume
+    for batch in pretrain.eval_iterator(config.data): ...      # every record once
+
+Batches (host-local, local_batch = data.batch_size // jax.process_count()):
+    input_ids, input_mask, segment_ids: <int32>[local_batch, max_seq_length]
+    masked_lm_positions, masked_lm_ids: <int32>[local_batch, max_predictions_per_seq]
+    masked_lm_weights:                  <float32>[local_batch, max_predictions_per_seq]
+    next_sentence_labels:               <int32>[local_batch]  (0 = IsNext, as the original)
+    example_weights:                    <float32>[local_batch] (1 real, 0 eval filler)
+`device.to_global` / `device.DevicePrefetcher` turn them into global jax.Arrays sharded on
+the logical "batch" axis.
+
+Sources: "tfrecord" (tf.data over the original BERT TFRecords, `bert_jax.data.tfrecord`)
+and "synthetic" (random batches of the same shapes, `bert_jax.data.synthetic`, no
+TensorFlow). This module imports TensorFlow only when a tfrecord pipeline is built, so
+`source="synthetic"` runs on images without TF.
+
+Iterator state: `get_state()` returns a flat dict of numpy arrays, host-local; store it with
+`bert_jax.data.state.InputStateSave` in the orbax checkpoint (one file per process). For
+tfrecord it is tf.data's own serialized iterator (read offsets + shuffle buffer, restored
+at once, exact); see `bert_jax.data.tfrecord` for why.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import ml_collections
+from etils import epath
+
+log = logging.getLogger(__name__)
+
+SOURCES = ("tfrecord", "synthetic")
+
+
+def data_config(**overrides) -> ml_collections.ConfigDict:
+    """The `config.data` section with the paper's defaults (phase 1: length 128)."""
+    c = ml_collections.ConfigDict()
+    c.source = "tfrecord"        # "tfrecord" | "synthetic"
+    c.train_files = ""           # comma-separated globs (gs:// works)
+    c.eval_files = ""            # comma-separated globs; empty: no evaluation
+    c.max_seq_length = 128
+    c.max_predictions_per_seq = 20
+    c.batch_size = 256           # GLOBAL batch; each host gets batch_size / process_count
+    c.eval_batch_size = 0        # GLOBAL; 0 = batch_size
+    c.shuffle = True
+    c.shuffle_buffer = 10_000    # serialized records per host (also the state size)
+    c.seed = 0
+    c.num_parallel_reads = 16    # files read at once (interleave cycle length)
+    c.read_buffer_bytes = 1 << 20  # TFRecordDataset read buffer per file
+    c.dynamic_masking = False    # re-mask on the fly (RoBERTa); else the files' masks
+    c.masked_lm_prob = 0.15
+    # Vocabulary, for dynamic masking and the id checks: read from vocab_file if given,
+    # else these (the uncased BERT WordPiece vocab).
+    c.vocab_file = ""
+    c.vocab_size = 30522
+    c.pad_id = 0
+    c.cls_id = 101
+    c.sep_id = 102
+    c.mask_id = 103
+    c.skip_corrupt = False       # True: leave corrupt shards out (warning + count)
+    c.check_records_per_file = 2  # records of each file checked by check_input
+    c.prefetch_to_device = 2     # batches put on device ahead (device.DevicePrefetcher)
+    for key, value in overrides.items():
+        setattr(c, key, value)
+    return c
+
+
+def vocab_info(cfg) -> dict[str, int]:
+    """vocab_size and the special ids (pad / cls / sep / mask), from data.vocab_file if set."""
+    if cfg.get("vocab_file"):
+        path = epath.Path(cfg.vocab_file)
+        if not path.exists():
+            raise FileNotFoundError(f"data.vocab_file {cfg.vocab_file} does not exist")
+        tokens = [line.rstrip("\n").strip() for line in path.read_text().splitlines()]
+        index = {tok: i for i, tok in reversed(list(enumerate(tokens)))}
+        ids = {}
+        for key, tok in (("pad_id", "[PAD]"), ("cls_id", "[CLS]"), ("sep_id", "[SEP]"),
+                         ("mask_id", "[MASK]")):
+            if tok not in index:
+                raise ValueError(f"{cfg.vocab_file}: no {tok} token in the vocabulary")
+            ids[key] = index[tok]
+        return dict(vocab_size=len(tokens), **ids)
+    return dict(vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, cls_id=cfg.cls_id,
+                sep_id=cfg.sep_id, mask_id=cfg.mask_id)
+
+
+def _hosts(process_index, process_count) -> tuple[int, int]:
+    return (jax.process_index() if process_index is None else process_index,
+            jax.process_count() if process_count is None else process_count)
+
+
+def local_batch_size(global_batch: int, process_count: int) -> int:
+    if global_batch <= 0 or global_batch % process_count:
+        raise ValueError(f"data.batch_size={global_batch} (global) must be a positive "
+                         f"multiple of the number of hosts, {process_count}")
+    return global_batch // process_count
+
+
+def _check_source(cfg):
+    if cfg.source not in SOURCES:
+        raise ValueError(f"data.source={cfg.source!r}, expected one of {SOURCES}")
+
+
+def host_files(cfg, patterns: str, process_index: int, process_count: int):
+    """(this host's files, record_level, skipped corrupt files)."""
+    from bert_jax.data import tfrecord
+    files = tfrecord.expand_files(patterns)
+    mine, record_level = tfrecord.shard_files(files, process_index, process_count)
+    skipped = []
+    if cfg.skip_corrupt:
+        mine, skipped = tfrecord.drop_corrupt(mine)
+    return mine, record_level, skipped
+
+
+def train_iterator(cfg, *, process_index: int | None = None,
+                   process_count: int | None = None):
+    """Endless iterator of this host's training batches (dict of numpy, see module doc).
+
+    process_index / process_count default to jax's; pass them to simulate hosts. The
+    returned object has get_state() / set_state() / save(path) / restore(path).
+    """
+    _check_source(cfg)
+    index, count = _hosts(process_index, process_count)
+    local_batch = local_batch_size(cfg.batch_size, count)
+    if cfg.source == "synthetic":
+        from bert_jax.data import synthetic
+        return synthetic.SyntheticIterator(cfg, process_index=index, process_count=count,
+                                           local_batch=local_batch)
+    from bert_jax.data import tfrecord
+    files, record_level, skipped = host_files(cfg, cfg.train_files, index, count)
+    return tfrecord.TFRecordIterator(cfg, files, process_index=index, process_count=count,
+                                     local_batch=local_batch, record_level=record_level,
+                                     skipped_files=skipped)
+
+
+def eval_iterator(cfg, *, process_index: int | None = None,
+                  process_count: int | None = None, num_batches: int | None = None):
+    """One pass over the eval files: every record exactly once, the last batch padded with
+    filler rows (example_weights 0), never dropped; `len()` is the same on every host.
+
+    source="synthetic": `num_batches` (default 4) synthetic batches.
+    """
+    _check_source(cfg)
+    index, count = _hosts(process_index, process_count)
+    local_batch = local_batch_size(cfg.eval_batch_size or cfg.batch_size, count)
+    if cfg.source == "synthetic":
+        from bert_jax.data import synthetic
+        return synthetic.SyntheticEval(cfg, process_index=index, process_count=count,
+                                       local_batch=local_batch, num_batches=num_batches or 4)
+    if not cfg.eval_files:
+        raise ValueError("data.eval_files is empty: nothing to evaluate")
+    from bert_jax.data import tfrecord
+    files = tfrecord.expand_files(cfg.eval_files)
+    return tfrecord.EvalIterable(cfg, files, process_index=index, process_count=count,
+                                 local_batch=local_batch)
+
+
+def check_input(cfg, *, process_index: int | None = None,
+                process_count: int | None = None) -> None:
+    """Checks the first records of each of this host's training (and eval) files against
+    the config before anything is compiled; raises `checks.DataCheckError` naming the file
+    and the expected and found values. No-op for source="synthetic"."""
+    _check_source(cfg)
+    if cfg.source == "synthetic":
+        return
+    from bert_jax.data import checks
+    index, count = _hosts(process_index, process_count)
+    vocab = vocab_info(cfg)
+    for patterns in (cfg.train_files, cfg.eval_files):
+        if not patterns:
+            continue
+        from bert_jax.data import tfrecord
+        files, _ = tfrecord.shard_files(tfrecord.expand_files(patterns), index, count)
+        checks.check_files(files, max_seq_length=cfg.max_seq_length,
+                           max_predictions_per_seq=cfg.max_predictions_per_seq,
+                           vocab_size=vocab["vocab_size"],
+                           records_per_file=cfg.check_records_per_file,
+                           skip_unreadable=cfg.skip_corrupt)
