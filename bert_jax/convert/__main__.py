@@ -1,0 +1,177 @@
+r"""Checkpoint bridge: Google's TF1 BERT checkpoints and Hugging Face weights <-> our model
+directories, both ways, and a numerical check against a reference implementation.
+
+    python -m bert_jax.convert from-tf --checkpoint=uncased_L-12_H-768_A-12/bert_model.ckpt \
+        --config=uncased_L-12_H-768_A-12/bert_config.json \
+        --vocab_file=uncased_L-12_H-768_A-12/vocab.txt --output=models/bert_base
+    python -m bert_jax.convert from-hf --input=hf/bert-base-uncased --output=models/bert_base
+    python -m bert_jax.convert to-hf --checkpoint=models/bert_base --output=hf/out
+    python -m bert_jax.convert to-tf --checkpoint=models/bert_base --output=tf/out
+    python -m bert_jax.convert verify --checkpoint=models/bert_base --reference=tf:tf/out
+
+A model directory (bert_config.json + params/ + vocab.txt) is what `train.init_checkpoint`
+and `launch/extract_features.py` take. Every command checks names and shapes against the
+config before reading tensors, writes to a temporary name and renames at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+
+def _vocab_check(vocab_file, config, what):
+    if not vocab_file:
+        return None
+    from bert_jax.data.tokenization import load_tokenizer
+
+    n = load_tokenizer(vocab_file=vocab_file).vocab_size
+    if n != config.vocab_size:
+        raise SystemExit(f"error: {vocab_file} has {n} tokens but {what} has vocab_size="
+                         f"{config.vocab_size}; refusing a vocabulary that does not match")
+    return vocab_file
+
+
+def _refuse_existing(path):
+    if os.path.exists(path):
+        raise SystemExit(f"error: {path} already exists; refusing to overwrite it")
+
+
+def cmd_from_tf(a):
+    from bert_jax.convert import model_dir
+    from bert_jax.convert import tf as tfc
+
+    _refuse_existing(a.output)
+    config_path = a.config or os.path.join(
+        os.path.dirname(tfc.checkpoint_prefix(a.checkpoint)), tfc.CONFIG_NAME)
+    if not os.path.isfile(config_path):
+        raise SystemExit(f"error: {config_path} not found; pass --config=…/bert_config.json")
+    config = tfc.read_config(config_path)
+    vocab = a.vocab_file
+    if vocab is None:
+        guess = os.path.join(os.path.dirname(config_path), "vocab.txt")
+        vocab = guess if os.path.isfile(guess) else None
+    _vocab_check(vocab, config, config_path)
+    params, report = tfc.read_checkpoint(a.checkpoint, config, progress=True)
+    model_dir.save_model_dir(a.output, params, config, vocab_file=vocab)
+    print(report.summary())
+    print(f"wrote {a.output} ({_count(params)} parameters"
+          f"{', with vocab.txt' if vocab else ', no vocab.txt (pass --vocab_file)'})")
+
+
+def cmd_from_hf(a):
+    from bert_jax.convert import hf_files, model_dir
+
+    _refuse_existing(a.output)
+    params, config, report, vocab = hf_files.read_hf_dir(a.input, progress=True)
+    vocab = a.vocab_file or vocab
+    _vocab_check(vocab, config, os.path.join(a.input, "config.json"))
+    model_dir.save_model_dir(a.output, params, config, vocab_file=vocab)
+    print(report.summary())
+    print(f"wrote {a.output} ({_count(params)} parameters"
+          f"{', with vocab.txt' if vocab else ', no vocab.txt (pass --vocab_file)'})")
+
+
+def _load(checkpoint):
+    from bert_jax.convert import model_dir
+
+    params, config = model_dir.load_model_dir(checkpoint)
+    vocab = os.path.join(checkpoint, model_dir.VOCAB_NAME)
+    return params, config, (vocab if os.path.isfile(vocab) else None)
+
+
+def cmd_to_hf(a):
+    from bert_jax.convert import hf_files
+
+    _refuse_existing(a.output)
+    params, config, vocab = _load(a.checkpoint)
+    hf_files.write_hf_dir(a.output, params, config, vocab_file=vocab)
+    print(f"wrote {a.output}: model.safetensors + config.json "
+          f"(heads: {', '.join(k for k in params if k != 'bert') or 'none'})")
+
+
+def cmd_to_tf(a):
+    from bert_jax.convert import tf as tfc
+
+    _refuse_existing(a.output)
+    params, config, vocab = _load(a.checkpoint)
+    prefix = tfc.save_tf_dir(a.output, params, config, vocab_file=vocab)
+    print(f"wrote {prefix} + bert_config.json "
+          f"(heads: {', '.join(k for k in params if k != 'bert') or 'none'})")
+
+
+def cmd_verify(a):
+    from bert_jax.convert import verify
+
+    try:
+        diffs = verify.verify(a.checkpoint, a.reference, length=a.length)
+    except ImportError as e:
+        raise SystemExit(f"error: {e}")
+    width = max(len(k) for k in diffs)
+    for k, v in diffs.items():
+        print(f"max |ours - reference| {k:<{width}} {v:.3e}")
+    worst = max(diffs.values())
+    ok = worst <= a.atol
+    print(f"{'OK' if ok else 'MISMATCH'}: largest difference {worst:.3e} "
+          f"({'<=' if ok else '>'} --atol={a.atol:g})")
+    if not ok:
+        sys.exit(1)
+
+
+def _count(params):
+    from bert_jax.models.params import count_params
+
+    return f"{count_params(params):,}"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bert_jax.convert", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("from-tf", help="original TF1 checkpoint -> model directory")
+    s.add_argument("--checkpoint", required=True, help="…/bert_model.ckpt (prefix) or its dir")
+    s.add_argument("--config", help="bert_config.json (default: next to the checkpoint)")
+    s.add_argument("--vocab_file", help="vocab.txt (default: next to the config, if there)")
+    s.add_argument("--output", required=True, help="model directory to create")
+    s.set_defaults(fn=cmd_from_tf)
+
+    s = sub.add_parser("from-hf", help="Hugging Face directory -> model directory")
+    s.add_argument("--input", required=True, help="dir with config.json + model.safetensors "
+                                                  "(or pytorch_model.bin)")
+    s.add_argument("--vocab_file", help="vocab.txt (default: INPUT/vocab.txt, if there)")
+    s.add_argument("--output", required=True, help="model directory to create")
+    s.set_defaults(fn=cmd_from_hf)
+
+    for name, fn, what in (("to-hf", cmd_to_hf, "Hugging Face directory"),
+                           ("to-tf", cmd_to_tf, "TF1 checkpoint with the original names")):
+        s = sub.add_parser(name, help=f"model directory -> {what}")
+        s.add_argument("--checkpoint", required=True, help="model directory")
+        s.add_argument("--output", required=True, help="directory to create")
+        s.set_defaults(fn=fn)
+
+    s = sub.add_parser("verify", help="compare our outputs with a reference implementation")
+    s.add_argument("--checkpoint", required=True, help="model directory")
+    s.add_argument("--reference", required=True, help="hf:DIR or tf:CKPT")
+    s.add_argument("--atol", type=float, default=1e-4, help="largest allowed difference")
+    s.add_argument("--length", type=int, default=64, help="padded sample length")
+    s.set_defaults(fn=cmd_verify)
+    return p
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    start = time.time()
+    try:
+        args.fn(args)
+    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
+        # Conversion, config and vocabulary errors name the file and the key: show them
+        # without a traceback.
+        raise SystemExit(f"error: {e}")
+    print(f"done in {time.time() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

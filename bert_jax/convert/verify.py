@@ -1,0 +1,176 @@
+"""`verify`: run our model and a reference implementation on the same sample text and
+report the largest absolute difference of every output.
+
+References: `hf:DIR` (transformers + torch, BertModel / BertForPreTraining from a Hugging
+Face directory) or `tf:CKPT` (a TF1 checkpoint run by `tf_reference.py`). Differences are
+taken at real (non-padding) tokens only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional
+
+import numpy as np
+
+from bert_jax.models.config import BertConfig
+
+# Sample text: singles and pairs of different lengths, so that padding is exercised.
+SAMPLES = [
+    ("The quick brown fox jumps over the lazy dog.", None),
+    ("To be, or not to be, that is the question.", "Whether 'tis nobler in the mind to suffer "
+     "the slings and arrows of outrageous fortune."),
+    ("BERT reads text in both directions at once.", None),
+    ("Where is the station?", "Two streets down, on the left."),
+]
+REF_MISSING = {
+    "hf": "verify --reference=hf:DIR needs PyTorch and transformers, which are not installed "
+          "here (pip install torch transformers), or compare against a TF checkpoint with "
+          "--reference=tf:CKPT",
+    "tf": "verify --reference=tf:CKPT needs TensorFlow (pip install tensorflow-cpu)",
+}
+
+
+def sample_batch(config: BertConfig, tokenizer=None, length: int = 64) -> dict[str, np.ndarray]:
+    """<int32>[4, length] input_ids / token_type_ids / attention_mask. Without a
+    tokenizer (no vocab.txt anywhere) the ids are random (seeded), lengths as the text's."""
+    from bert_jax.convert.extract import Example, encode_example
+
+    length = min(length, config.max_position_embeddings)
+    b = len(SAMPLES)
+    ids = np.zeros((b, length), np.int32)
+    types = np.zeros((b, length), np.int32)
+    mask = np.zeros((b, length), np.int32)
+    rng = np.random.default_rng(0)
+    for i, (a, bb) in enumerate(SAMPLES):
+        if tokenizer is not None:
+            enc = encode_example(Example(i, a, bb), tokenizer, length)
+            row, seg = enc.input_ids, enc.token_type_ids
+        else:
+            n = min(length, 8 + 12 * i)
+            row = rng.integers(0, config.vocab_size, n).tolist()
+            seg = [0] * (n // 2) + [1] * (n - n // 2)
+        ids[i, :len(row)], types[i, :len(row)], mask[i, :len(row)] = row, seg, 1
+    return {"input_ids": ids, "token_type_ids": types, "attention_mask": mask}
+
+
+def run_ours(params: Mapping, config: BertConfig, batch: Mapping) -> dict[str, np.ndarray]:
+    """sequence_output, pooled_output, and mlm_logits (every position) / nsp_logits when
+    the heads are in `params`."""
+    from bert_jax.models.bert import BertForPreTraining, BertModel
+
+    config = config.replace(scan_layers=False, remat="none")
+    args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    seq, pooled = BertModel(config).apply({"params": params["bert"]}, *args)
+    out = {"sequence_output": np.asarray(seq), "pooled_output": np.asarray(pooled)}
+    if "mlm" in params:
+        nsp = "nsp" in params
+        tree = {k: params[k] for k in ("bert", "mlm", "nsp") if k in params}
+        mlm, nsp_logits = BertForPreTraining(config, nsp=nsp).apply({"params": tree}, *args)
+        out["mlm_logits"] = np.asarray(mlm)
+        if nsp:
+            out["nsp_logits"] = np.asarray(nsp_logits)
+    return out
+
+
+def run_hf(directory: str, batch: Mapping, heads: tuple[str, ...]) -> dict[str, np.ndarray]:
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        raise ImportError(REF_MISSING["hf"]) from None
+    t = {k: torch.tensor(np.asarray(v, np.int64)) for k, v in batch.items()}
+    with torch.no_grad():
+        if "mlm" in heads:
+            cls = transformers.BertForPreTraining if "nsp" in heads else transformers.BertForMaskedLM
+            model = cls.from_pretrained(directory, attn_implementation="eager").eval()
+            res = model(**t)
+            bert = model.bert
+        else:
+            bert = transformers.BertModel.from_pretrained(directory,
+                                                          attn_implementation="eager").eval()
+        enc = bert(**t)
+        out = {"sequence_output": enc.last_hidden_state.numpy(),
+               "pooled_output": enc.pooler_output.numpy()}
+        if "mlm" in heads:
+            out["mlm_logits"] = (res.prediction_logits if "nsp" in heads else res.logits).numpy()
+        if "nsp" in heads:
+            out["nsp_logits"] = res.seq_relationship_logits.numpy()
+    return out
+
+
+def run_tf(prefix: str, config: BertConfig, batch: Mapping, heads: tuple[str, ...]):
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise ImportError(REF_MISSING["tf"]) from None
+    from bert_jax.convert import tf_reference
+
+    reader = tf.train.load_checkpoint(prefix)
+    return tf_reference.forward(reader.get_tensor, config, batch["input_ids"],
+                                batch["token_type_ids"], batch["attention_mask"], heads)
+
+
+def max_abs_diffs(ours: Mapping, ref: Mapping, mask: np.ndarray) -> dict[str, float]:
+    """Largest |ours - ref| per output present in both, over real tokens only."""
+    out = {}
+    real = mask.astype(bool)
+    for k in ours:
+        if k not in ref:
+            continue
+        a, b = np.asarray(ours[k], np.float64), np.asarray(ref[k], np.float64)
+        if a.shape != b.shape:
+            raise ValueError(f"{k}: our shape {a.shape} != reference shape {b.shape}")
+        if a.ndim == 3:  # per token
+            a, b = a[real], b[real]
+        out[k] = float(np.max(np.abs(a - b)))
+    return out
+
+
+def verify(checkpoint: str, reference: str, tokenizer=None, length: int = 64,
+           do_lower_case: bool = True) -> dict[str, float]:
+    """Returns {output: max abs diff}. reference: "hf:DIR" or "tf:CKPT"."""
+    from bert_jax.convert import model_dir
+    from bert_jax.convert import tf as tfc
+
+    kind, _, path = reference.partition(":")
+    if kind not in ("hf", "tf") or not path:
+        raise ValueError(f"--reference={reference!r}: expected hf:DIR or tf:CKPT")
+    params, config = model_dir.load_model_dir(checkpoint)
+    heads = tuple(h for h in ("mlm", "nsp") if h in params)
+    if tokenizer is None:
+        tokenizer = _tokenizer_for(checkpoint, path, config, do_lower_case)
+    batch = sample_batch(config, tokenizer, length)
+    if kind == "hf":
+        from bert_jax.convert.hf_files import _open_weights
+
+        names, _, _ = _open_weights(path)
+        ref_heads = tuple(h for h, n in (("mlm", "cls.predictions.bias"),
+                                         ("nsp", "cls.seq_relationship.weight")) if n in names)
+        heads = tuple(h for h in heads if h in ref_heads)
+        if "nsp" in heads and "mlm" not in heads:
+            heads = ()
+        ref = run_hf(path, batch, heads)
+    else:
+        prefix = tfc.checkpoint_prefix(path)
+        names = tfc.list_checkpoint(prefix)
+        heads = tuple(h for h, n in (("mlm", "cls/predictions/output_bias"),
+                                     ("nsp", "cls/seq_relationship/output_bias"))
+                      if h in heads and n in names)
+        ref = run_tf(prefix, config, batch, heads)
+    ours = run_ours({k: params[k] for k in ("bert",) + heads}, config, batch)
+    return max_abs_diffs(ours, ref, batch["attention_mask"])
+
+
+def _tokenizer_for(checkpoint: str, reference_path: str, config: BertConfig,
+                   do_lower_case: bool) -> Optional[object]:
+    from bert_jax.data.tokenization import load_tokenizer
+
+    ref_dir = reference_path if os.path.isdir(reference_path) else os.path.dirname(reference_path)
+    for d in (checkpoint, ref_dir):
+        vocab = os.path.join(d, "vocab.txt")
+        if os.path.isfile(vocab):
+            tok = load_tokenizer(vocab_file=vocab, do_lower_case=do_lower_case)
+            if tok.vocab_size == config.vocab_size:
+                return tok
+    return None

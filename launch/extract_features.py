@@ -1,0 +1,75 @@
+r"""Extracts BERT features (hidden states) for every line of a text file.
+
+    python launch/extract_features.py --checkpoint=DIR --input_file=sentences.txt \
+        --output_file=emb.npy --layers=-1 --pooling=mean
+
+DIR is a model directory (`python -m bert_jax.convert from-tf|from-hf ...` writes one).
+Each input line is a sentence, or a pair `text_a ||| text_b`. --pooling: none (every
+token; .jsonl only, the original extract_features format), cls ([CLS] vector) or mean
+(average over real tokens, as sentence-transformers). --layers: comma-separated indices
+of encoder layers, -1 = last.
+
+Output: .npy <float32>[n, embed] (one layer) or [n, n_layers, embed]; or .jsonl, one
+object per line with "linex_index" (0-based line of the input) and the values.
+"""
+
+import logging
+import os
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("checkpoint", None, "Model directory (bert_config.json + params/).",
+                    required=True)
+flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt; default: CHECKPOINT/vocab.txt.")
+flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (uncased models).")
+flags.DEFINE_string("input_file", None, "Text file: one sentence or 'A ||| B' per line.",
+                    required=True)
+flags.DEFINE_string("output_file", None, "Output .npy or .jsonl file.", required=True)
+flags.DEFINE_string("layers", "-1", "Comma-separated encoder layer indices (-1 = last).")
+flags.DEFINE_enum("pooling", "none", ["none", "cls", "mean"], "How to reduce over tokens.")
+flags.DEFINE_integer("max_seq_length", 512, "Longer inputs are truncated, with a warning.")
+flags.DEFINE_integer("batch_size", 32, "Sentences per forward pass.")
+
+
+def main(argv):
+    del argv
+    from bert_jax.convert import extract, model_dir
+    from bert_jax.data.tokenization import load_tokenizer
+    from bert_jax.models.config import BertConfig
+
+    start = time.time()
+    # Everything cheap is checked before the parameters are read.
+    extract.check_output(FLAGS.output_file, FLAGS.pooling)
+    if not model_dir.is_model_dir(FLAGS.checkpoint):
+        raise app.UsageError(
+            f"--checkpoint={FLAGS.checkpoint} is not a model directory (bert_config.json + "
+            f"params/); make one with `python -m bert_jax.convert from-tf|from-hf`")
+    config = BertConfig.from_json_file(os.path.join(FLAGS.checkpoint, model_dir.CONFIG_NAME))
+    layers = extract.parse_layers(FLAGS.layers, config.num_hidden_layers)
+    vocab_file = FLAGS.vocab_file or os.path.join(FLAGS.checkpoint, model_dir.VOCAB_NAME)
+    if not os.path.isfile(vocab_file):
+        raise app.UsageError(f"{vocab_file} not found: pass --vocab_file")
+    tokenizer = load_tokenizer(vocab_file=vocab_file, do_lower_case=FLAGS.do_lower_case)
+    extract.check_vocab(tokenizer, config, vocab_file, FLAGS.checkpoint)
+    max_len = FLAGS.max_seq_length
+    if max_len > config.max_position_embeddings:
+        logging.warning("--max_seq_length=%d > max_position_embeddings=%d: using %d",
+                        max_len, config.max_position_embeddings, config.max_position_embeddings)
+        max_len = config.max_position_embeddings
+    examples = extract.read_examples(FLAGS.input_file)
+
+    params, config = model_dir.load_model_dir(FLAGS.checkpoint)
+    extractor = extract.FeatureExtractor(params["bert"], config, layers, FLAGS.pooling)
+    features, encoded = extract.extract(examples, tokenizer, extractor, max_len,
+                                        FLAGS.batch_size)
+    extract.write_features(FLAGS.output_file, features, examples, encoded, tokenizer, layers,
+                           FLAGS.pooling)
+    n_trunc = sum(e.truncated for e in encoded)
+    print(f"wrote {FLAGS.output_file}: {len(examples)} inputs, layers {layers}, pooling "
+          f"{FLAGS.pooling}, {n_trunc} truncated, {time.time() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    app.run(main)
