@@ -1,0 +1,305 @@
+"""Readers of fine-tuning data in its original formats, and from tensorflow-datasets.
+
+    GLUE       the TSVs as distributed (CoLA.../train.tsv, dev.tsv, test.tsv, MNLI's
+               dev_matched.tsv ...) or tfds `glue/<task>`      -> list[PairExample]
+    SQuAD      train-v1.1.json / dev-v2.0.json ... or tfds `squad/v1.1|v2.0`
+                                                                -> list[SquadExample]
+    CoNLL      column files (word ... tag per line, blank line between sentences,
+               -DOCSTART- lines skipped) or tfds `conll2003`    -> list[NerExample]
+
+Every reader raises early, naming the file and line (or tfds split) and what was expected.
+Label strings are kept as strings here; tasks map them to ids.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import os
+import sys
+from typing import Optional, Sequence
+
+
+@dataclasses.dataclass(frozen=True)
+class PairExample:
+    """One sentence (text_b None) or sentence-pair example. label: class name, a float string
+    (regression), or None (unlabeled test set). guid: the id used in submission files."""
+
+    guid: str
+    text_a: str
+    text_b: Optional[str]
+    label: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class SquadExample:
+    """answers: every gold answer [(text, char start in context)]; empty + is_impossible for
+    v2 unanswerable questions; empty and not impossible for an unlabeled (test) question."""
+
+    qid: str
+    question: str
+    context: str
+    answers: tuple[tuple[str, int], ...]
+    is_impossible: bool = False
+    title: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class NerExample:
+    guid: str
+    words: tuple[str, ...]
+    tags: tuple[str, ...]
+
+
+class DataError(ValueError):
+    """Input data that does not have the expected format; the message names the place."""
+
+
+# --- GLUE ------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class GlueFormat:
+    """Where a GLUE task's fields live. Columns are header names, or ints for CoLA's
+    header-less train/dev files. test_* describe the unlabeled test.tsv."""
+
+    dir_name: str
+    text_a: str | int
+    text_b: Optional[str | int]
+    label: str | int
+    header: bool = True
+    test_text_a: str | int = ""
+    test_text_b: Optional[str | int] = None
+    tfds_text: tuple[str, Optional[str]] = ("sentence1", "sentence2")
+
+
+GLUE_FORMATS = {
+    "cola": GlueFormat("CoLA", 3, None, 1, header=False, test_text_a="sentence",
+                       tfds_text=("sentence", None)),
+    "sst2": GlueFormat("SST-2", "sentence", None, "label", test_text_a="sentence",
+                       tfds_text=("sentence", None)),
+    "mrpc": GlueFormat("MRPC", "#1 String", "#2 String", "Quality", test_text_a="#1 String",
+                       test_text_b="#2 String"),
+    "stsb": GlueFormat("STS-B", "sentence1", "sentence2", "score", test_text_a="sentence1",
+                       test_text_b="sentence2"),
+    "qqp": GlueFormat("QQP", "question1", "question2", "is_duplicate", test_text_a="question1",
+                      test_text_b="question2", tfds_text=("question1", "question2")),
+    "mnli": GlueFormat("MNLI", "sentence1", "sentence2", "gold_label", test_text_a="sentence1",
+                       test_text_b="sentence2", tfds_text=("premise", "hypothesis")),
+    "qnli": GlueFormat("QNLI", "question", "sentence", "label", test_text_a="question",
+                       test_text_b="sentence", tfds_text=("question", "sentence")),
+    "rte": GlueFormat("RTE", "sentence1", "sentence2", "label", test_text_a="sentence1",
+                      test_text_b="sentence2"),
+    "wnli": GlueFormat("WNLI", "sentence1", "sentence2", "label", test_text_a="sentence1",
+                       test_text_b="sentence2"),
+    "ax": GlueFormat("diagnostic", "sentence1", "sentence2", "label", test_text_a="sentence1",
+                     test_text_b="sentence2", tfds_text=("premise", "hypothesis")),
+}
+
+# split name -> file name in the distributed GLUE directories (MNLI has two dev/test sets).
+GLUE_FILES = {"train": "train.tsv", "dev": "dev.tsv", "test": "test.tsv",
+              "dev_matched": "dev_matched.tsv", "dev_mismatched": "dev_mismatched.tsv",
+              "test_matched": "test_matched.tsv", "test_mismatched": "test_mismatched.tsv"}
+# our split name -> tfds split name
+TFDS_GLUE_SPLITS = {"train": "train", "dev": "validation", "test": "test",
+                    "dev_matched": "validation_matched",
+                    "dev_mismatched": "validation_mismatched",
+                    "test_matched": "test_matched", "test_mismatched": "test_mismatched"}
+
+
+def _read_tsv(path: str) -> list[list[str]]:
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"GLUE file not found: {path}")
+    # GLUE TSVs are unquoted (quote characters occur inside sentences): QUOTE_NONE.
+    csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def read_glue_tsv(path: str, task: str, labeled: bool = True) -> list[PairExample]:
+    """Examples of a GLUE TSV as distributed. labeled=False for test.tsv (no label column;
+    guid from its `index`/`id` column, the id the submission file needs)."""
+    fmt = GLUE_FORMATS[task]
+    rows = _read_tsv(path)
+    has_header = fmt.header or not labeled  # CoLA's test.tsv does have a header
+    header = rows[0] if has_header and rows else None
+    body = rows[1:] if has_header else rows
+    if has_header and not rows:
+        raise DataError(f"{path}: empty file, expected a header line")
+
+    def col(name):
+        if name is None:
+            return None
+        if isinstance(name, int):
+            return name
+        if name not in header:
+            raise DataError(f"{path}: line 1: no column {name!r} in the header {header} "
+                            f"(expected the GLUE {fmt.dir_name} format)")
+        return header.index(name)
+
+    if labeled:
+        ia, ib, il = col(fmt.text_a), col(fmt.text_b), col(fmt.label)
+        id_col = None
+    else:
+        ia, ib, il = col(fmt.test_text_a), col(fmt.test_text_b), None
+        id_col = next((header.index(c) for c in ("index", "id") if c in header), None)
+    need = max(i for i in (ia, ib, il, id_col) if i is not None)
+    out = []
+    for n, row in enumerate(body):
+        line = n + (2 if has_header else 1)
+        if not any(row):
+            continue
+        if len(row) <= need:
+            raise DataError(f"{path}: line {line}: {len(row)} columns, expected at least "
+                            f"{need + 1} (GLUE {fmt.dir_name} format)")
+        guid = row[id_col] if id_col is not None else str(n)
+        label = row[il] if il is not None else None
+        if label is not None and not label:
+            raise DataError(f"{path}: line {line}: empty label")
+        out.append(PairExample(guid, row[ia], row[ib] if ib is not None else None, label))
+    return out
+
+
+def read_glue(task: str, split: str, data_dir: Optional[str] = None,
+              tfds_data_dir: Optional[str] = None) -> list[PairExample]:
+    """From `data_dir` (the task's directory of TSVs) when given, else tfds `glue/<task>`."""
+    if split not in GLUE_FILES:
+        raise ValueError(f"unknown GLUE split {split!r}; expected one of {sorted(GLUE_FILES)}")
+    labeled = not split.startswith("test")
+    if data_dir:
+        name = "diagnostic.tsv" if task == "ax" else GLUE_FILES[split]
+        return read_glue_tsv(os.path.join(data_dir, name), task, labeled=labeled)
+    return _read_glue_tfds(task, split, tfds_data_dir, labeled)
+
+
+def _read_glue_tfds(task, split, tfds_data_dir, labeled) -> list[PairExample]:
+    import tensorflow_datasets as tfds
+
+    fmt = GLUE_FORMATS[task]
+    tfds_name = {"sst2": "sst2", "stsb": "stsb"}.get(task, task)
+    builder = tfds.builder(f"glue/{tfds_name}", data_dir=tfds_data_dir)
+    label_feature = builder.info.features["label"]
+    ds = builder.as_dataset(split=TFDS_GLUE_SPLITS[split])
+    a, b = fmt.tfds_text
+    out = []
+    for ex in tfds.as_numpy(ds):
+        label = None
+        if labeled:
+            value = ex["label"]
+            # tfds orders MNLI labels differently from the TSVs: go through the names.
+            label = (f"{float(value):g}" if task == "stsb"
+                     else label_feature.int2str(int(value)) if label_feature.names != ["0", "1"]
+                     else str(int(value)))
+        out.append(PairExample(str(int(ex["idx"])), ex[a].decode("utf-8"),
+                               ex[b].decode("utf-8") if b else None, label))
+    return out
+
+
+# --- SQuAD -----------------------------------------------------------------------------
+
+def squad_examples_from_json(data: Sequence[dict], source: str) -> list[SquadExample]:
+    out = []
+    for a, article in enumerate(data):
+        for p, paragraph in enumerate(article.get("paragraphs", [])):
+            where = f"{source}: data[{a}].paragraphs[{p}]"
+            if "context" not in paragraph or "qas" not in paragraph:
+                raise DataError(f"{where}: expected keys 'context' and 'qas'")
+            context = paragraph["context"]
+            for qa in paragraph["qas"]:
+                if "id" not in qa or "question" not in qa:
+                    raise DataError(f"{where}: a question lacks 'id' or 'question'")
+                answers = []
+                for ans in qa.get("answers", []):
+                    text, start = ans["text"], int(ans["answer_start"])
+                    if context[start:start + len(text)] != text:
+                        raise DataError(
+                            f"{where}: question {qa['id']}: answer {text!r} is not at "
+                            f"context[{start}:{start + len(text)}] "
+                            f"({context[start:start + len(text)]!r})")
+                    answers.append((text, start))
+                out.append(SquadExample(qa["id"], qa["question"], context, tuple(answers),
+                                        bool(qa.get("is_impossible", False)),
+                                        article.get("title", "")))
+    return out
+
+
+def read_squad_json(path: str) -> tuple[list[SquadExample], list[dict]]:
+    """(examples, the raw `data` list: what the official scorer reads)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"SQuAD file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        try:
+            doc = json.load(f)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data"), list):
+        raise DataError(f"{path}: expected a JSON object with a 'data' list (SQuAD format)")
+    return squad_examples_from_json(doc["data"], path), doc["data"]
+
+
+def read_squad_tfds(version: str, split: str, tfds_data_dir=None) -> tuple[list, list]:
+    import tensorflow_datasets as tfds
+
+    ds = tfds.load(f"squad/v{version}", split={"train": "train", "dev": "validation"}[split],
+                   data_dir=tfds_data_dir)
+    data = []
+    for ex in tfds.as_numpy(ds):
+        texts = [t.decode("utf-8") for t in ex["answers"]["text"]]
+        starts = [int(s) for s in ex["answers"]["answer_start"]]
+        qa = {"id": ex["id"].decode("utf-8"), "question": ex["question"].decode("utf-8"),
+              "answers": [{"text": t, "answer_start": s} for t, s in zip(texts, starts)],
+              "is_impossible": bool(ex.get("is_impossible", not texts))}
+        data.append({"title": ex["title"].decode("utf-8"), "paragraphs": [
+            {"context": ex["context"].decode("utf-8"), "qas": [qa]}]})
+    return squad_examples_from_json(data, f"tfds squad/v{version}:{split}"), data
+
+
+def squad_dataset_of(examples: Sequence[SquadExample]) -> list[dict]:
+    """The minimal SQuAD `data` structure of examples (for the official-semantics scorer)."""
+    return [{"title": "", "paragraphs": [{"context": "", "qas": [
+        {"id": e.qid, "answers": [{"text": t, "answer_start": s} for t, s in e.answers]}
+        for e in examples]}]}]
+
+
+# --- CoNLL -----------------------------------------------------------------------------
+
+def read_conll(path: str, tag_column: int = -1) -> list[NerExample]:
+    """CoNLL-2003 style column file: `word [POS chunk] TAG` per line (space or tab
+    separated), blank lines between sentences, `-DOCSTART-` lines ignored."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"CoNLL file not found: {path}")
+    out, words, tags = [], [], []
+
+    def flush():
+        if words:
+            out.append(NerExample(f"{len(out)}", tuple(words), tuple(tags)))
+            words.clear()
+            tags.clear()
+
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            cols = line.split()
+            if not cols:
+                flush()
+                continue
+            if cols[0] == "-DOCSTART-":
+                flush()
+                continue
+            if len(cols) < 2:
+                raise DataError(f"{path}: line {n}: expected 'word ... tag' columns, got "
+                                f"{line.rstrip()!r}")
+            words.append(cols[0])
+            tags.append(cols[tag_column])
+    flush()
+    return out
+
+
+def read_conll_tfds(split: str, tfds_data_dir=None) -> list[NerExample]:
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder("conll2003", data_dir=tfds_data_dir)
+    names = builder.info.features["ner"].feature.names
+    ds = builder.as_dataset(split={"train": "train", "dev": "dev", "test": "test"}[split])
+    return [NerExample(str(i), tuple(w.decode("utf-8") for w in ex["tokens"]),
+                       tuple(names[int(t)] for t in ex["ner"]))
+            for i, ex in enumerate(tfds.as_numpy(ds))]

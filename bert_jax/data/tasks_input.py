@@ -1,0 +1,157 @@
+"""Input side of fine-tuning: tokens with character offsets, the TFRecord feature cache, and
+numpy batches whose last eval batch is padded with zero-weight rows (no example dropped).
+
+Features of every task are a dict of equal-length numpy arrays, `<int32>[N, ...]`
+(`input_ids`, `input_mask`, `segment_ids` [N, L] as the original run_classifier/run_squad,
+plus task fields: `label_ids`, `start_positions`, ...). The cache stores exactly that dict.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Iterator, Mapping, Optional
+
+import numpy as np
+
+
+# --- tokens with offsets ---------------------------------------------------------------
+
+def encode_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """WordPiece ids of `text` and, per id, its [start, end) character span in `text` itself
+    (not in a normalized copy): what maps SQuAD answers back to the exact original characters,
+    accents and odd whitespace included. Needs the `tokenizers` backend (WordPieceTokenizer)."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:
+        raise TypeError(f"{type(tokenizer).__name__} has no character offsets; span tasks "
+                        "need a WordPiece vocab (tokenizers backend)")
+    enc = backend.encode(text, add_special_tokens=False)
+    return list(enc.ids), [tuple(o) for o in enc.offsets]
+
+
+# --- TFRecord feature cache ------------------------------------------------------------
+
+def cache_key(**parts) -> str:
+    """A short hash of everything the features depend on (data files' size+mtime, vocab,
+    lengths, task): a changed input builds a new cache instead of reading a stale one."""
+    norm = {}
+    for k, v in sorted(parts.items()):
+        if isinstance(v, str) and os.path.exists(v):
+            st = os.stat(v)
+            v = [os.path.abspath(v), st.st_size, int(st.st_mtime)]
+        norm[k] = v
+    return hashlib.sha1(json.dumps(norm, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def write_feature_cache(path: str, features: Mapping[str, np.ndarray]) -> None:
+    """One tf.train.Example per row, int64 lists (float for float arrays), flattened; shapes
+    in a `.json` sidecar. Written to a temporary name and renamed (no half cache)."""
+    import tensorflow as tf
+
+    n = _num_rows(features)
+    meta = {k: {"shape": list(v.shape[1:]), "dtype": str(v.dtype)} for k, v in features.items()}
+    tmp = path + ".tmp"
+    with tf.io.TFRecordWriter(tmp) as w:
+        for i in range(n):
+            feats = {}
+            for k, v in features.items():
+                row = np.asarray(v[i]).reshape(-1)
+                if np.issubdtype(row.dtype, np.floating):
+                    feats[k] = tf.train.Feature(float_list=tf.train.FloatList(value=row))
+                else:
+                    feats[k] = tf.train.Feature(int64_list=tf.train.Int64List(value=row))
+            w.write(tf.train.Example(features=tf.train.Features(feature=feats))
+                    .SerializeToString())
+    with open(tmp + ".json", "w") as f:
+        json.dump({"num_rows": n, "features": meta}, f)
+    os.replace(tmp + ".json", path + ".json")
+    os.replace(tmp, path)
+
+
+def read_feature_cache(path: str) -> dict[str, np.ndarray]:
+    import tensorflow as tf
+
+    with open(path + ".json") as f:
+        meta = json.load(f)
+    spec = {}
+    for k, m in meta["features"].items():
+        kind = tf.float32 if m["dtype"].startswith("float") else tf.int64
+        spec[k] = tf.io.FixedLenFeature([int(np.prod(m["shape"], dtype=np.int64))], kind)
+    ds = tf.data.TFRecordDataset(path).map(lambda r: tf.io.parse_single_example(r, spec))
+    n = meta["num_rows"]
+    out = {k: np.zeros([n] + m["shape"], m["dtype"]) for k, m in meta["features"].items()}
+    for i, ex in enumerate(ds.batch(1024).as_numpy_iterator()):
+        for k, m in meta["features"].items():
+            rows = ex[k]
+            out[k][i * 1024: i * 1024 + len(rows)] = rows.reshape([len(rows)] + m["shape"])
+    return out
+
+
+def cached_features(cache_dir: Optional[str], name: str, key: str, build) -> dict:
+    """features from `cache_dir/name-key.tfrecord` if present, else build() and write it."""
+    if not cache_dir:
+        return build()
+    path = os.path.join(cache_dir, f"{name}-{key}.tfrecord")
+    if os.path.exists(path) and os.path.exists(path + ".json"):
+        return read_feature_cache(path)
+    features = build()
+    os.makedirs(cache_dir, exist_ok=True)
+    write_feature_cache(path, features)
+    return features
+
+
+# --- batches ---------------------------------------------------------------------------
+
+def _num_rows(features: Mapping[str, np.ndarray]) -> int:
+    sizes = {k: len(v) for k, v in features.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"feature arrays differ in length: {sizes}")
+    return next(iter(sizes.values()))
+
+
+def num_rows(features: Mapping[str, np.ndarray]) -> int:
+    return _num_rows(features)
+
+
+def train_batches(features: Mapping[str, np.ndarray], batch_size: int, seed: int,
+                  num_epochs: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:
+    """Shuffled full batches, a fresh permutation each epoch (the remainder of an epoch is
+    carried into the next, so every example is seen once per epoch on average and
+    no batch is ragged). `example_weights` are 1."""
+    n = _num_rows(features)
+    if n == 0:
+        raise ValueError("no training features")
+    rng = np.random.default_rng(seed)
+    pending = np.zeros([0], np.int64)
+    epoch = 0
+    while num_epochs is None or epoch < num_epochs or len(pending) >= batch_size:
+        while len(pending) < batch_size and (num_epochs is None or epoch < num_epochs):
+            pending = np.concatenate([pending, rng.permutation(n)])
+            epoch += 1
+        if len(pending) < batch_size:
+            return
+        idx, pending = pending[:batch_size], pending[batch_size:]
+        batch = {k: v[idx] for k, v in features.items()}
+        batch["example_weights"] = np.ones([batch_size], np.float32)
+        yield batch
+
+
+def eval_batches(features: Mapping[str, np.ndarray], batch_size: int
+                 ) -> Iterator[dict[str, np.ndarray]]:
+    """Every row once, in order; the last batch is filled up with copies of row 0 whose
+    `example_weights` are 0, so shapes stay static and nothing is dropped."""
+    n = _num_rows(features)
+    for start in range(0, n, batch_size):
+        idx = np.arange(start, min(start + batch_size, n))
+        weights = np.ones([batch_size], np.float32)
+        if len(idx) < batch_size:
+            weights[len(idx):] = 0.0
+            idx = np.concatenate([idx, np.zeros([batch_size - len(idx)], np.int64)])
+        batch = {k: v[idx] for k, v in features.items()}
+        batch["example_weights"] = weights
+        yield batch
+
+
+def pad_to_length(ids: list[int], length: int, pad: int = 0) -> list[int]:
+    return ids + [pad] * (length - len(ids))
