@@ -1,0 +1,112 @@
+"""Checkpoints of a training run: orbax CheckpointManager under WORKDIR/checkpoints.
+
+    WORKDIR/checkpoints/<step>/state/    params, opt_state, step, rng key (orbax, sharded)
+                              /data/     each process's input-iterator state
+                                         (bert_jax.data.state: process_<i>-of-<n>.npz)
+                              /config/   the run's config (JSON), for reading back a run
+
+Saves are asynchronous (the train loop goes on while the arrays are written) and atomic
+(orbax writes to a temporary directory and renames it once every process has finished), so
+a run killed mid-save leaves the previous checkpoint as the latest. Restoring takes the
+abstract state of the *current* mesh, so a checkpoint saved on one mesh restores onto any
+other (orbax reads each shard's slice).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+from bert_jax.data.state import InputStateRestore, InputStateSave
+from bert_jax.train.state import TrainState
+
+ITEMS = ("state", "data", "config")
+
+
+class Checkpointer:
+    """Keeps the last `keep` checkpoints plus every `keep_period`-th step (0: none).
+    `save(..., force=True)` always saves; unforced saves follow orbax's interval `every`
+    (the loop forces its own schedule: every `checkpoint.every` steps, the end, SIGTERM)."""
+
+    def __init__(self, workdir: str, *, every: int, keep: int = 3, keep_period: int = 0,
+                 async_save: bool = True):
+        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+        options = ocp.CheckpointManagerOptions(
+            save_interval_steps=max(int(every), 1),
+            max_to_keep=int(keep) if keep and keep > 0 else None,
+            keep_period=int(keep_period) if keep_period and keep_period > 0 else None,
+            enable_async_checkpointing=bool(async_save),
+            create=True,
+        )
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+
+    def latest_step(self) -> Optional[int]:
+        return self.manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self.manager.all_steps())
+
+    def save(self, state: TrainState, rng: jax.Array, data_iterator: Any, config: dict,
+             *, force: bool = False) -> bool:
+        """Starts saving at `state.step` (non-blocking): the arrays, `data_iterator`'s state
+        as of now (snapshotted before the next `next()`), and `config` (a JSON-able dict).
+        Returns whether a save started (it does every `every` steps, or when forced)."""
+        step = int(jax.device_get(state.step))
+        tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state,
+                "rng": jax.random.key_data(rng)}
+        return self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(tree),
+                data=InputStateSave(iterator=data_iterator),
+                config=ocp.args.JsonSave(config)),
+            force=force)
+
+    def restore(self, abstract_state: TrainState, data_iterator: Any = None,
+                step: Optional[int] = None, rng_sharding=None):
+        """(state on abstract_state's shardings, rng key, config) of `step` (default: the
+        latest); `data_iterator` (if given) is moved to the saved position."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        target = {"step": abstract_state.step, "params": abstract_state.params,
+                  "opt_state": abstract_state.opt_state,
+                  "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rng_sharding)}
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(target),
+                data=InputStateRestore(iterator=data_iterator),
+                config=ocp.args.JsonRestore()))
+        tree = restored["state"]
+        state = TrainState(step=tree["step"], params=tree["params"],
+                           opt_state=tree["opt_state"])
+        rng = jax.random.wrap_key_data(tree["rng"])
+        return state, rng, restored["config"]
+
+    def restore_params(self, abstract_params, step: Optional[int] = None):
+        """Only the params of a checkpoint (a warm start from another run)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                item={"params": abstract_params},
+                restore_args=jax.tree_util.tree_map(
+                    lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), {"params": abstract_params}),
+                partial_restore=True)))
+        return restored["state"]["params"]
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+def to_numpy(tree):
+    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))

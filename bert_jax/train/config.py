@@ -1,0 +1,87 @@
+"""The non-model sections of a run config, with the paper's defaults.
+
+    config.optimizer   name (adamw | lamb), b1, b2, eps, weight_decay, clip_norm
+    config.schedule    lr, warmup_steps, decay (linear | polynomial | cosine | constant),
+                       power, end_lr, total_steps (-1: train.steps; set it larger to decay
+                       over two phases)
+    config.train       steps, seed, accum_steps, log_every, eval_every, eval_steps,
+                       init_checkpoint, init_state, skip_nonfinite, deterministic
+    config.mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules
+    config.checkpoint  every, keep, keep_period, async_save
+
+configs/*.py build a ConfigDict from these plus `model` (bert_jax.models.config) and `data`
+(bert_jax.data); launch/train.py locks it, so `--config.train.stepz=1` is an error.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from bert_jax.sharding import DEFAULT_RULES
+
+
+def optimizer_config(**overrides) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(dict(
+        name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))
+    c.update(overrides)
+    return c
+
+
+def schedule_config(**overrides) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(dict(
+        lr=1e-4, warmup_steps=10_000, decay="linear", power=1.0, end_lr=0.0, total_steps=-1))
+    c.update(overrides)
+    return c
+
+
+def train_config(**overrides) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(dict(
+        steps=1_000_000,
+        seed=0,
+        # Micro-batches per optimizer step: data.batch_size is the large batch, each
+        # micro-batch is batch_size / accum_steps (scanned inside one jitted step).
+        accum_steps=1,
+        log_every=100,
+        eval_every=10_000,
+        eval_steps=-1,           # eval batches per evaluation; -1: the whole eval set
+        # Warm start: a model directory (bert_jax.convert) or another run's workdir.
+        init_checkpoint="",
+        # What to take from a workdir init_checkpoint: "params", or "full" = params,
+        # optimizer state, step and RNG (phase 2 continuing phase 1's schedule).
+        init_state="params",
+        skip_nonfinite=False,    # False: stop naming the step; True: skip that update
+        deterministic=False,     # True: no dropout (tests, debugging)
+        tensorboard=True,        # event files under WORKDIR/tensorboard (metrics.jsonl always)
+    ))
+    c.update(overrides)
+    return c
+
+
+def mesh_config(**overrides) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(dict(
+        data=-1, fsdp=1, tensor=1,
+        rules=[list(r) if isinstance(r[1], tuple) else list(r) for r in DEFAULT_RULES]))
+    c.update(overrides)
+    return c
+
+
+def checkpoint_config(**overrides) -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict(dict(every=1000, keep=3, keep_period=0, async_save=True))
+    c.update(overrides)
+    return c
+
+
+def add_training_sections(config: ml_collections.ConfigDict, *, optimizer=None, schedule=None,
+                          train=None, mesh=None, checkpoint=None) -> ml_collections.ConfigDict:
+    """Adds the five sections (each from the dict of overrides given) to `config`."""
+    config.optimizer = optimizer_config(**(optimizer or {}))
+    config.schedule = schedule_config(**(schedule or {}))
+    config.train = train_config(**(train or {}))
+    config.mesh = mesh_config(**(mesh or {}))
+    config.checkpoint = checkpoint_config(**(checkpoint or {}))
+    return config
+
+
+def total_steps(config) -> int:
+    t = int(config.schedule.get("total_steps", -1))
+    return int(config.train.steps) if t <= 0 else t

@@ -1,0 +1,314 @@
+"""The pre-training loop: mesh, sharded state, resume / warm start, steps, logging,
+evaluation, checkpoints and preemption.
+
+    summary = train(config, workdir)
+
+Restarting the same command resumes from the latest checkpoint in WORKDIR/checkpoints:
+params, optimizer state, step, RNG and the input iterator's position, so the losses of the
+resumed steps are the ones an uninterrupted run would have logged. SIGTERM (preemption)
+finishes the current step, saves, and returns normally (exit code 0).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from typing import Callable, Iterator, Optional
+
+import jax
+import numpy as np
+
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax.train import checkpoint as ckpt_lib
+from bert_jax.train import metrics as metrics_lib
+from bert_jax.train import state as state_lib
+from bert_jax.train import step as step_lib
+from bert_jax.train import warm_start
+from bert_jax.train.config import total_steps
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteError(FloatingPointError):
+    """The loss or gradient of a step was NaN / inf (and train.skip_nonfinite is off)."""
+
+
+class _Preemption:
+    """Turns SIGTERM into a flag the loop reads between steps (main thread only)."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):  # noqa: ARG002
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+def config_to_dict(config) -> dict:
+    return json.loads(config.to_json_best_effort())
+
+
+def _global_batch(batch: dict, sharding) -> dict:
+    """Process-local numpy rows -> one global jax.Array per feature on the mesh."""
+    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
+            for k, v in batch.items()}
+
+
+def evaluate(eval_fn, params, batches: Iterator[dict], sharding, max_batches: int = -1) -> dict:
+    """eval/{loss, mlm_loss, mlm_acc, nsp_loss, nsp_acc} over `batches` (exact: sums over
+    the whole set, filler examples weighted 0), plus eval/mlm_acc_majority: the accuracy
+    of always predicting the most frequent masked token of this eval set, the baseline a
+    model must beat."""
+    totals: dict[str, float] = {}
+    label_counts: dict[int, float] = {}
+    n = 0
+    for batch in batches:
+        if 0 <= max_batches <= n:
+            break
+        sums = jax.device_get(eval_fn(params, _global_batch(batch, sharding)))
+        for k, v in sums.items():
+            totals[k] = totals.get(k, 0.0) + float(v)
+        w = np.asarray(batch["masked_lm_weights"], np.float64)
+        if "example_weights" in batch:
+            w = w * np.asarray(batch["example_weights"], np.float64)[:, None]
+        ids = np.asarray(batch["masked_lm_ids"]).reshape(-1)
+        for i, c in zip(*np.unique(ids[w.reshape(-1) > 0], return_counts=True)):
+            label_counts[int(i)] = label_counts.get(int(i), 0.0) + float(c)
+        n += 1
+    if not totals:
+        return {}
+    mlm_count = max(totals["mlm_count"], 1e-5)
+    out = {"eval/mlm_loss": totals["mlm_loss_sum"] / mlm_count,
+           "eval/mlm_acc": totals["mlm_correct"] / mlm_count,
+           "eval/mlm_acc_majority": (max(label_counts.values()) / mlm_count
+                                     if label_counts else 0.0),
+           "eval/examples": totals.get("nsp_count", float("nan")),
+           "eval/masked_tokens": totals["mlm_count"]}
+    out["eval/loss"] = out["eval/mlm_loss"]
+    if "nsp_count" in totals:
+        nsp_count = max(totals["nsp_count"], 1e-5)
+        out["eval/nsp_loss"] = totals["nsp_loss_sum"] / nsp_count
+        out["eval/nsp_acc"] = totals["nsp_correct"] / nsp_count
+        out["eval/loss"] += out["eval/nsp_loss"]
+    if jax.process_count() > 1:
+        # Each process saw its own eval shard: the majority baseline above is per-process;
+        # the other sums are global (they came out of the jitted step).
+        out.pop("eval/mlm_acc_majority")
+    return out
+
+
+def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
+          make_eval_data: Optional[Callable] = None,
+          after_save: Optional[Callable[[int], None]] = None) -> dict:
+    """Runs (or resumes) the config's training in `workdir`. Returns the final summary.
+
+    make_train_data(config, workdir) -> iterator of process-local numpy batches with
+    get_state / set_state; make_eval_data(config, workdir) -> a fresh iterable of eval
+    batches (or None). Both default to bert_jax.data.pretrain's. `after_save(step)` runs
+    once a checkpoint of `step` is on disk (tests use it to kill the process there)."""
+    from bert_jax.train import data as data_lib
+
+    make_train_data = make_train_data or data_lib.make_train_data
+    make_eval_data = make_eval_data or data_lib.make_eval_data
+    is_main = jax.process_index() == 0
+    os.makedirs(workdir, exist_ok=True)
+
+    # --- everything that can fail cheaply fails before any compile -------------------
+    steps = int(config.train.steps)
+    accum = int(config.train.accum_steps)
+    batch_size = int(config.data.batch_size)
+    seq_len = int(config.data.max_seq_length)
+    max_pred = int(config.data.max_predictions_per_seq)
+    if batch_size % accum:
+        raise ValueError(f"config.data.batch_size={batch_size} is not divisible by "
+                         f"config.train.accum_steps={accum}")
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = sharding_lib.rules_from_config(config.mesh)
+    data_shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    if (batch_size // accum) % data_shards:
+        raise ValueError(
+            f"micro-batch size {batch_size // accum} (config.data.batch_size / "
+            f"train.accum_steps) is not divisible by the {data_shards} data x fsdp shards "
+            f"of mesh {dict(mesh.shape)}")
+    model = state_lib.create_model(config)
+    model_cfg = state_lib.model_config(config)
+    schedule = optim.make_schedule(config.schedule, total_steps(config))
+    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
+    train_data = make_train_data(config, workdir)
+
+    writer = metrics_lib.MetricWriter(workdir, bool(config.train.get("tensorboard", True)))
+    checkpointer = ckpt_lib.Checkpointer(
+        workdir, every=config.checkpoint.every, keep=config.checkpoint.keep,
+        keep_period=config.checkpoint.keep_period, async_save=config.checkpoint.async_save)
+    batch_sharding = sharding_lib.batch_sharding(mesh)
+    rep = sharding_lib.replicated(mesh)
+
+    # --- state: resume, warm start, or fresh -----------------------------------------
+    abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq_len, max_pred)
+    rng = jax.device_put(jax.random.key(int(config.train.seed)), rep)
+    resumed_from = checkpointer.latest_step()
+    if resumed_from is not None:
+        state, rng, _ = checkpointer.restore(abstract, train_data, rng_sharding=rep)
+        rng = jax.device_put(rng, rep)
+        _info(is_main, f"resumed from {checkpointer.directory}/{resumed_from}")
+    else:
+        init_rng = jax.random.fold_in(rng, 0x5EED)
+        state = state_lib.init_state(model, tx, mesh, rules, init_rng, seq_len, max_pred,
+                                     shardings)
+        if config.train.init_checkpoint:
+            state, rng = warm_start.warm_start(config, state, rng, abstract, shardings, tx,
+                                               rep)
+            _info(is_main, f"warm start from {config.train.init_checkpoint}")
+    start = int(jax.device_get(state.step))
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
+    _info(is_main, f"model {n_params / 1e6:.2f}M params; mesh {dict(mesh.shape)}; "
+                   f"{jax.device_count()} {jax.devices()[0].platform} devices, "
+                   f"{jax.process_count()} process(es); steps {start} -> {steps}")
+
+    train_fn = step_lib.jit_train_step(model, tx, schedule, shardings, mesh, rules,
+                                       accum_steps=accum,
+                                       deterministic=bool(config.train.deterministic))
+    eval_fn = step_lib.jit_eval_step(model, shardings.params, mesh, rules)
+    flops = metrics_lib.model_flops_per_example(model_cfg, seq_len, max_pred,
+                                                nsp=model.nsp)
+    peak, peak_source = metrics_lib.peak_flops_per_device()
+    config_dict = config_to_dict(config)
+
+    def save(force: bool) -> bool:
+        started = checkpointer.save(state, rng, train_data, config_dict, force=force)
+        if started and after_save is not None:
+            checkpointer.wait()
+            after_save(int(jax.device_get(state.step)))
+        return started
+
+    def run_eval(step: int) -> dict:
+        eval_batches = make_eval_data(config, workdir)
+        if eval_batches is None:
+            return {}
+        scalars = evaluate(eval_fn, state.params, eval_batches, batch_sharding,
+                           int(config.train.eval_steps))
+        writer.write(step, scalars)
+        _info(is_main, f"step {step}: " + metrics_lib.format_summary(scalars))
+        return scalars
+
+    bar = _progress(is_main, start, steps)
+    pending: list[dict] = []      # device metrics of the steps since the last log
+    last_log_time, last_log_step = None, start
+    compiled, eval_scalars, preempted, nonfinite_skipped = None, {}, False, 0
+    log_every, eval_every = int(config.train.log_every), int(config.train.eval_every)
+    ckpt_every = max(int(config.checkpoint.every), 1)
+    summary: dict = {}
+    try:
+        with _Preemption() as preemption:
+            step = start
+            while step < steps:
+                batch = _global_batch(next(train_data), batch_sharding)
+                if compiled is None:
+                    t0 = time.perf_counter()
+                    compiled = train_fn.lower(state, batch, rng).compile()
+                    _info(is_main, f"compiled the train step in {time.perf_counter() - t0:.1f}s")
+                state, step_metrics = compiled(state, batch, rng)
+                step += 1
+                pending.append(step_metrics)
+                # Look at the previous step's flag (already computed, no pipeline stall).
+                if len(pending) >= 2:
+                    nonfinite_skipped += _check_finite(pending[-2], step - 1, config)
+                if bar is not None:
+                    bar.update(1)
+                if step % log_every == 0 or step == steps:
+                    nonfinite_skipped += _check_finite(pending[-1], step, config)
+                    records = [step_lib.host_metrics(m) for m in pending]
+                    now = time.perf_counter()
+                    scalars = metrics_lib.average(records)
+                    if last_log_time is not None:
+                        step_time = (now - last_log_time) / max(step - last_log_step, 1)
+                        scalars.update(metrics_lib.throughput(
+                            step_time, batch_size, seq_len, flops, peak, jax.device_count()))
+                    writer.write(step, scalars)
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{scalars['train/loss']:.3f}",
+                                        **({"seq/s": f"{scalars['perf/seq_per_s']:.1f}"}
+                                           if "perf/seq_per_s" in scalars else {}))
+                    summary.update(scalars)
+                    pending = []
+                    last_log_time, last_log_step = time.perf_counter(), step
+                if eval_every > 0 and step % eval_every == 0 and step != steps:
+                    eval_scalars = run_eval(step)
+                    last_log_time = time.perf_counter()  # eval time is not step time
+                preempted = preemption.requested or checkpointer.manager.reached_preemption(step)
+                if preempted:
+                    save(force=True)
+                    _info(is_main, f"preemption: saved step {step}; exiting")
+                    break
+                if step % ckpt_every == 0:
+                    save(force=True)
+        if not preempted:
+            if checkpointer.latest_step() != int(jax.device_get(state.step)):
+                save(force=True)
+            eval_scalars = run_eval(steps) if eval_every != 0 else {}
+    finally:
+        checkpointer.wait()
+        checkpointer.close()
+        if bar is not None:
+            bar.close()
+        writer.close()
+    summary.update(eval_scalars)
+    summary.update({"step": int(jax.device_get(state.step)), "preempted": preempted,
+                    "nonfinite_skipped": nonfinite_skipped, "peak_flops_source": peak_source})
+    if is_main:
+        _print_summary(summary, workdir)
+    return summary
+
+
+def _check_finite(metrics: dict, step: int, config) -> int:
+    bad = float(jax.device_get(metrics["train/nonfinite"]))
+    if bad and not config.train.skip_nonfinite:
+        loss = float(jax.device_get(metrics["train/loss"]))
+        gnorm = float(jax.device_get(metrics["train/grad_norm"]))
+        raise NonFiniteError(
+            f"non-finite loss or gradient at step {step} (loss={loss}, grad_norm={gnorm}); "
+            f"the update was not applied. Lower the learning rate, check the data, or set "
+            f"--config.train.skip_nonfinite=True to skip such updates.")
+    return int(bad > 0)
+
+
+def _progress(is_main: bool, start: int, steps: int):
+    if not is_main:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True, desc="train")
+
+
+def _info(is_main: bool, msg: str) -> None:
+    if is_main:
+        print(msg, flush=True)
+
+
+def _print_summary(summary: dict, workdir: str) -> None:
+    keys = ["train/loss", "train/mlm_acc", "train/nsp_acc", "eval/loss", "eval/mlm_acc",
+            "eval/mlm_acc_majority", "eval/nsp_acc", "perf/step_time", "perf/seq_per_s",
+            "perf/mfu"]
+    print(f"done at step {summary['step']}" + (" (preempted)" if summary["preempted"] else "")
+          + ": " + metrics_lib.format_summary(summary, keys), flush=True)
+    if "eval/mlm_acc" in summary and "eval/mlm_acc_majority" in summary:
+        print(f"eval MLM accuracy {summary['eval/mlm_acc']:.4f} vs. most-frequent-token "
+              f"baseline {summary['eval/mlm_acc_majority']:.4f}", flush=True)
+    print(f"MFU against the {summary['peak_flops_source']}; metrics: "
+          f"{os.path.join(workdir, 'metrics.jsonl')}; checkpoints: "
+          f"{os.path.join(workdir, 'checkpoints')}", flush=True)
+
