@@ -1,0 +1,33 @@
+"""The repository's own contracts: CI runs the README's test command; configs load."""
+
+import importlib.util
+import re
+
+import pytest
+
+from bert_jax.models import BertConfig
+from bert_jax.models.config import from_config_dict
+from tests.conftest import REPO
+
+
+def _readme_test_command() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split("Install and run the tests", 1)[1]
+    return re.search(r"^ {6,}(python -m pip install .*)$", section, re.M).group(1).strip()
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (REPO / ".ci" / "run").read_text()
+    assert _readme_test_command() in ci.splitlines()
+
+
+@pytest.mark.parametrize("name, layers, hidden", [
+    ("bert_tiny", 2, 128), ("bert_base", 12, 768), ("bert_large", 24, 1024)])
+def test_model_configs(name, layers, hidden):
+    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = from_config_dict(module.get_config().model)
+    assert isinstance(config, BertConfig)
+    assert (config.num_hidden_layers, config.hidden_size) == (layers, hidden)
+    assert config.intermediate_size == 4 * hidden  # the paper's FFN size
