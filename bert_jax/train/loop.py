@@ -24,6 +24,7 @@ import numpy as np
 
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
+from bert_jax.data import device as data_device
 from bert_jax.train import checkpoint as ckpt_lib
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import state as state_lib
@@ -62,12 +63,6 @@ def config_to_dict(config) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
-def _global_batch(batch: dict, sharding) -> dict:
-    """Process-local numpy rows -> one global jax.Array per feature on the mesh."""
-    return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
-            for k, v in batch.items()}
-
-
 def evaluate(eval_fn, params, batches: Iterator[dict], sharding, max_batches: int = -1) -> dict:
     """eval/{loss, mlm_loss, mlm_acc, nsp_loss, nsp_acc} over `batches` (exact: sums over
     the whole set, filler examples weighted 0), plus eval/mlm_acc_majority: the accuracy
@@ -79,7 +74,7 @@ def evaluate(eval_fn, params, batches: Iterator[dict], sharding, max_batches: in
     for batch in batches:
         if 0 <= max_batches <= n:
             break
-        sums = jax.device_get(eval_fn(params, _global_batch(batch, sharding)))
+        sums = jax.device_get(eval_fn(params, data_device.to_global(batch, sharding)))
         for k, v in sums.items():
             totals[k] = totals.get(k, 0.0) + float(v)
         w = np.asarray(batch["masked_lm_weights"], np.float64)
@@ -148,13 +143,17 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     model_cfg = state_lib.model_config(config)
     schedule = optim.make_schedule(config.schedule, total_steps(config))
     tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
-    train_data = make_train_data(config, workdir)
+    batch_sharding = data_device.batch_sharding(mesh, rules)
+    host_data = make_train_data(config, workdir)
+    # A thread keeps `prefetch_to_device` batches on the devices ahead of the step; its
+    # get_state() still names the next batch the step will see (exact resume).
+    train_data = data_device.DevicePrefetcher(
+        host_data, batch_sharding, size=max(int(config.data.get("prefetch_to_device", 2)), 1))
 
     writer = metrics_lib.MetricWriter(workdir, bool(config.train.get("tensorboard", True)))
     checkpointer = ckpt_lib.Checkpointer(
         workdir, every=config.checkpoint.every, keep=config.checkpoint.keep,
         keep_period=config.checkpoint.keep_period, async_save=config.checkpoint.async_save)
-    batch_sharding = sharding_lib.batch_sharding(mesh)
     rep = sharding_lib.replicated(mesh)
 
     # --- state: resume, warm start, or fresh -----------------------------------------
@@ -179,10 +178,10 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                    f"{jax.device_count()} {jax.devices()[0].platform} devices, "
                    f"{jax.process_count()} process(es); steps {start} -> {steps}")
 
-    train_fn = step_lib.jit_train_step(model, tx, schedule, shardings, mesh, rules,
+    train_fn = step_lib.jit_train_step(model, tx, schedule, shardings, batch_sharding, rules,
                                        accum_steps=accum,
                                        deterministic=bool(config.train.deterministic))
-    eval_fn = step_lib.jit_eval_step(model, shardings.params, mesh, rules)
+    eval_fn = step_lib.jit_eval_step(model, shardings.params, batch_sharding, rules)
     flops = metrics_lib.model_flops_per_example(model_cfg, seq_len, max_pred,
                                                 nsp=model.nsp)
     peak, peak_source = metrics_lib.peak_flops_per_device()
@@ -216,7 +215,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         with _Preemption() as preemption:
             step = start
             while step < steps:
-                batch = _global_batch(next(train_data), batch_sharding)
+                batch = next(train_data)
                 if compiled is None:
                     t0 = time.perf_counter()
                     compiled = train_fn.lower(state, batch, rng).compile()
@@ -261,6 +260,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                 save(force=True)
             eval_scalars = run_eval(steps) if eval_every != 0 else {}
     finally:
+        train_data.close()
         checkpointer.wait()
         checkpointer.close()
         if bar is not None:

@@ -19,7 +19,7 @@ step-counter bookkeeping leaks into the optimizer state.
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +28,6 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax.tasks.pretraining import pretraining_loss
 from bert_jax.train.state import TrainState, mesh_context
-
-BATCH_AXES = ("data", "fsdp")
 
 
 def model_inputs(batch: Mapping[str, jax.Array]) -> dict:
@@ -64,7 +62,7 @@ def _loss(params, model, batch, rng, mlm_total, nsp_total, deterministic):
     return loss, sums
 
 
-def _micro_batches(batch, accum_steps: int, mesh_axes):
+def _micro_batches(batch, accum_steps: int, batch_sharding):
     """[B, ...] -> [accum, B / accum, ...], micro-batch i = rows i, i + accum, ... so that
     each device's contiguous block of rows contributes equally to every micro-batch (no
     data movement between devices)."""
@@ -74,8 +72,9 @@ def _micro_batches(batch, accum_steps: int, mesh_axes):
             raise ValueError(f"batch size {b} is not divisible by accum_steps={accum_steps}")
         x = x.reshape((b // accum_steps, accum_steps) + x.shape[1:])
         x = jnp.swapaxes(x, 0, 1)
-        if mesh_axes:
-            x = jax.lax.with_sharding_constraint(x, PartitionSpec(None, mesh_axes))
+        if batch_sharding is not None:
+            spec = PartitionSpec(None, *batch_sharding.spec)
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(batch_sharding.mesh, spec))
         return x
     return jax.tree_util.tree_map(split, batch)
 
@@ -86,7 +85,7 @@ def _finite_tree_where(ok, new, old):
 
 def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransformation,
                schedule, accum_steps: int = 1, deterministic: bool = False,
-               batch_axes=BATCH_AXES):
+               batch_sharding: Optional[NamedSharding] = None):
     """One optimizer update on `batch`. rng: the run's base key; the dropout key of this
     step is fold_in(rng, step) (and fold_in(., i) for micro-batch i).
 
@@ -100,7 +99,7 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
         (loss, sums), grads = grad_fn(state.params, model, batch, step_rng, mlm_total,
                                       nsp_total, deterministic)
     else:
-        micro = _micro_batches(batch, accum_steps, batch_axes)
+        micro = _micro_batches(batch, accum_steps, batch_sharding)
 
         def body(carry, xs):
             i, mb = xs
@@ -164,24 +163,26 @@ class _InMesh:
             return self.jitted.lower(*args)
 
 
-def jit_train_step(model, tx, schedule, state_shardings, mesh, rules, *,
-                   accum_steps: int = 1, deterministic: bool = False):
-    """train_step jitted once: state sharded by `state_shardings` (and donated), batch split
-    over ("data", "fsdp"), rng and metrics replicated."""
+def jit_train_step(model, tx, schedule, state_shardings, batch_sharding: NamedSharding,
+                   rules, *, accum_steps: int = 1, deterministic: bool = False):
+    """train_step jitted once: state sharded by `state_shardings` (and donated), batch by
+    `batch_sharding` (examples over ("data", "fsdp")), rng and metrics replicated."""
     fn = functools.partial(train_step, model=model, tx=tx, schedule=schedule,
-                           accum_steps=accum_steps, deterministic=deterministic)
-    batch_sh = NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+                           accum_steps=accum_steps, deterministic=deterministic,
+                           batch_sharding=batch_sharding)
+    mesh = batch_sharding.mesh
     rep = NamedSharding(mesh, PartitionSpec())
-    return _InMesh(jax.jit(fn, in_shardings=(state_shardings, batch_sh, rep),
+    return _InMesh(jax.jit(fn, in_shardings=(state_shardings, batch_sharding, rep),
                            out_shardings=(state_shardings, rep), donate_argnums=(0,)),
                    mesh, rules)
 
 
-def jit_eval_step(model, params_shardings, mesh, rules):
+def jit_eval_step(model, params_shardings, batch_sharding: NamedSharding, rules):
+    mesh = batch_sharding.mesh
     fn = functools.partial(eval_step, model=model)
-    batch_sh = NamedSharding(mesh, PartitionSpec(BATCH_AXES))
     rep = NamedSharding(mesh, PartitionSpec())
-    return _InMesh(jax.jit(fn, in_shardings=(params_shardings, batch_sh), out_shardings=rep),
+    return _InMesh(jax.jit(fn, in_shardings=(params_shardings, batch_sharding),
+                           out_shardings=rep),
                    mesh, rules)
 
 
