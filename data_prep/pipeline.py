@@ -1,0 +1,347 @@
+"""Streaming corpus -> TFRecords: read, chunk, tokenize + sample + mask + serialize in worker
+processes, merge in order, write round-robin into the output files.
+
+Memory is bounded by the chunk size (default 1 MB of text per chunk, at most
+2 * num_workers chunks in flight), not by the corpus: the random B of NSP is drawn from
+another document of the same chunk, and instances are shuffled within the chunk (the
+input pipeline shuffles across files/chunks with its own buffer). A document longer than a
+chunk is cut into chunk-sized documents.
+
+Deterministic: chunk boundaries depend only on the text, and chunk k draws from random
+streams seeded by (random_seed, k), so the output is byte-identical for any num_workers.
+"""
+
+from __future__ import annotations
+
+import codecs
+import collections
+import dataclasses
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from data_prep import instances as inst
+from data_prep import tfrecord
+
+_BATCH = 4096  # instances assembled + serialized at once (bounds the numpy temporaries)
+_READ_BLOCK = 1 << 20
+
+
+@dataclasses.dataclass
+class Stats:
+    input_bytes: int = 0
+    replaced_bytes: int = 0
+    documents: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    unk_tokens: int = 0
+    instances: int = 0
+    is_next: int = 0
+    instance_tokens: int = 0      # real tokens in instances, [CLS]/[SEP] included
+    candidates: int = 0           # maskable tokens (not [CLS]/[SEP]/padding)
+    masked: int = 0
+    decisions: list = dataclasses.field(default_factory=lambda: [0, 0, 0])  # mask/keep/random
+    output_bytes: int = 0
+    seconds: float = 0.0
+
+    def add(self, o: "Stats") -> None:
+        for f in dataclasses.fields(self):
+            if f.name == "decisions":
+                self.decisions = [a + b for a, b in zip(self.decisions, o.decisions)]
+            elif f.name != "seconds":
+                setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
+
+    def summary(self) -> str:
+        def frac(a, b):
+            return a / b if b else 0.0
+        d = self.decisions
+        nd = sum(d)
+        rate = self.instances / self.seconds if self.seconds else 0.0
+        return "\n".join([
+            f"documents        {self.documents:,}",
+            f"sentences        {self.sentences:,}",
+            f"tokens           {self.tokens:,}",
+            f"UNK rate         {frac(self.unk_tokens, self.tokens):.4%}",
+            f"replaced bytes   {self.replaced_bytes:,} (invalid UTF-8)",
+            f"instances        {self.instances:,}",
+            f"IsNext fraction  {frac(self.is_next, self.instances):.2%}",
+            f"masked fraction  {frac(self.masked, self.candidates):.2%} of non-special tokens"
+            f" ([MASK] {frac(d[0], nd):.1%} / kept {frac(d[1], nd):.1%} /"
+            f" random {frac(d[2], nd):.1%})",
+            f"seconds          {self.seconds:.1f}",
+            f"instances/s      {rate:,.0f}",
+            f"input MB/s       {self.input_bytes / 1e6 / self.seconds if self.seconds else 0:.2f}",
+            f"output           {self.output_bytes / 1e6:.1f} MB",
+        ])
+
+
+# ----------------------------------------------------------------------------- reading
+
+class _ReplaceCounter:
+    """A codecs error handler that replaces invalid UTF-8 with U+FFFD and counts the bytes."""
+
+    def __init__(self):
+        self.count = 0
+        self.name = f"data_prep_count_{id(self)}"
+        codecs.register_error(self.name, self)
+
+    def __call__(self, exc):
+        self.count += exc.end - exc.start
+        return "\ufffd", exc.end
+
+
+def iter_lines(path: str, stats: Stats, counter: _ReplaceCounter) -> Iterator[str]:
+    """Decoded lines of a file, read in 1 MB blocks (a line may be any length)."""
+    rest = b""
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(_READ_BLOCK)
+            stats.input_bytes += len(block)
+            if not block:
+                break
+            block = rest + block
+            cut = block.rfind(b"\n")
+            if cut < 0:
+                rest = block
+                continue
+            rest = block[cut + 1:]
+            # No UTF-8 sequence contains byte 0x0A, so cutting at a newline is always safe.
+            yield from block[:cut].decode("utf-8", counter.name).split("\n")
+    if rest:
+        yield from rest.decode("utf-8", counter.name).split("\n")
+    stats.replaced_bytes = counter.count
+
+
+def iter_documents(paths: Sequence[str], stats: Stats, max_doc_chars: int) -> Iterator[list[str]]:
+    """Documents (lists of stripped non-empty lines). A blank or whitespace-only line ends a
+    document, and so does the end of a file; a document over max_doc_chars is cut."""
+    counter = _ReplaceCounter()
+    for path in paths:
+        doc, size = [], 0
+        for line in iter_lines(path, stats, counter):
+            line = line.strip()
+            if not line:
+                if doc:
+                    yield doc
+                doc, size = [], 0
+                continue
+            doc.append(line)
+            size += len(line)
+            if size >= max_doc_chars:
+                yield doc
+                doc, size = [], 0
+        if doc:
+            yield doc
+
+
+def iter_chunks(paths: Sequence[str], stats: Stats, chunk_chars: int
+                ) -> Iterator[tuple[int, list[list[str]], int]]:
+    """(chunk_index, documents, input bytes read so far) with ~chunk_chars of text each."""
+    chunk, size, k = [], 0, 0
+    for doc in iter_documents(paths, stats, chunk_chars):
+        chunk.append(doc)
+        size += sum(map(len, doc))
+        if size >= chunk_chars:
+            yield k, chunk, stats.input_bytes
+            chunk, size, k = [], 0, k + 1
+    if chunk:
+        yield k, chunk, stats.input_bytes
+
+
+# ----------------------------------------------------------------------------- workers
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSpec:
+    vocab_file: str | None
+    spm_model_file: str | None
+    do_lower_case: bool
+    cfg: inst.InstanceConfig
+    random_seed: int
+
+
+_STATE: dict = {}
+
+
+def _init_worker(spec: WorkerSpec) -> None:
+    # Our processes are the parallelism; Rust threads inside each would oversubscribe.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    from bert_jax.data.tokenization import load_tokenizer
+    tok = load_tokenizer(spec.vocab_file, spec.spm_model_file, spec.do_lower_case)
+    _STATE.update(spec=spec, tok=tok, vi=inst.VocabInfo.from_tokenizer(tok))
+
+
+def _tokenize_chunk(tok, docs: list[list[str]], stats: Stats):
+    """Flat ids <int32>[tokens] and per document (start, sentence end offsets)."""
+    flat, lens = tok.encode_batch_flat([s for d in docs for s in d])
+    ends = np.cumsum(lens)
+    out, k = [], 0
+    for d in docs:
+        n = len(d)
+        e = ends[k:k + n][lens[k:k + n] > 0]  # sentences with no tokens are dropped
+        if len(e):
+            out.append((int(ends[k - 1]) if k else 0, e.tolist()))
+        k += n
+    stats.documents += len(out)
+    stats.sentences += int((lens > 0).sum())
+    stats.tokens += len(flat)
+    stats.unk_tokens += int((flat == tok.unk_id).sum())
+    return flat, out
+
+
+def _packed_stream(flat: np.ndarray, docs: inst.Docs, sep_id: int):
+    """--no_nsp: documents back to back with a [SEP] after each; sentence end offsets."""
+    pieces, bounds, seps, pos = [], [], set(), 0
+    for start, cum in docs:
+        pieces.append(flat[start:cum[-1]])
+        bounds.extend(c - start + pos for c in cum)
+        pos += cum[-1] - start
+        pieces.append(np.array([sep_id], dtype=np.int32))
+        seps.add(pos)
+        pos += 1
+        bounds.append(pos)
+    stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+    return stream, bounds, seps
+
+
+def process_chunk(chunk_index: int, docs: list[list[str]]):
+    """One chunk -> (chunk_index, framed records, record end offsets, Stats)."""
+    spec: WorkerSpec = _STATE["spec"]
+    tok, vi, cfg = _STATE["tok"], _STATE["vi"], spec.cfg
+    stats = Stats()
+    flat, tdocs = _tokenize_chunk(tok, docs, stats)
+    # Seeds from (seed, chunk index) only: the same whatever worker runs the chunk.
+    py_rng = random.Random(f"bert_jax.data_prep:{spec.random_seed}:{chunk_index}")
+    np_rng = np.random.default_rng([spec.random_seed, chunk_index])
+    if not tdocs:
+        return chunk_index, b"", np.zeros(0, np.int64), stats
+    if cfg.no_nsp:
+        src, bounds, seps = _packed_stream(flat, tdocs, vi.sep_id)
+        specs = inst.packed_instances(len(src), bounds, cfg, py_rng, seps)
+    else:
+        src = flat
+        specs = inst.nsp_instances(tdocs, cfg, py_rng)
+    specs = np.asarray(specs, dtype=np.int64).reshape(-1, 5)
+    specs = specs[np_rng.permutation(len(specs))]  # shuffle within the chunk
+    blobs, all_ends, base = [], [], 0
+    for lo in range(0, len(specs), _BATCH):
+        arr = inst.assemble(src, specs[lo:lo + _BATCH], cfg, vi, np_rng)
+        w = arr["masked_lm_weights"]
+        stats.instances += len(w)
+        stats.is_next += int((arr["next_sentence_labels"] == 0).sum())
+        stats.instance_tokens += int(arr["input_mask"].sum())
+        stats.candidates += int(arr["n_candidates"].sum())
+        stats.masked += int(w.sum())
+        dec = arr["decision"]
+        stats.decisions = [stats.decisions[i] + int((dec == i).sum()) for i in range(3)]
+        max_id = max(vi.vocab_size - 1, cfg.max_seq_length)
+        blob, ends = tfrecord.serialize_examples(arr, max_id)
+        blobs.append(blob)
+        all_ends.append(ends + base)
+        base += len(blob)
+    return chunk_index, b"".join(blobs), np.concatenate(all_ends), stats
+
+
+# ----------------------------------------------------------------------------- driver
+
+class _Outputs:
+    """Output files written under temporary names, renamed only when all is done."""
+
+    def __init__(self, paths: Sequence[str]):
+        self.paths = list(paths)
+        self.tmps = [f"{p}.tmp-{os.getpid()}" for p in self.paths]
+        for p in self.paths:
+            os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+        self.files = [open(t, "wb") for t in self.tmps]
+        self.count = 0  # records written so far (round-robin position)
+
+    def write(self, blob: bytes, ends: np.ndarray) -> None:
+        n, k = len(ends), len(self.files)
+        if k == 1:
+            self.files[0].write(blob)
+        else:  # record i of the whole run goes to file i % k, as the original tool
+            starts = np.concatenate([[0], ends[:-1]]).tolist()
+            ends_l = ends.tolist()
+            mv = memoryview(blob)
+            for f in range(k):
+                first = (f - self.count) % k
+                self.files[f].write(b"".join(mv[starts[i]:ends_l[i]]
+                                             for i in range(first, n, k)))
+        self.count += n
+
+    def commit(self) -> None:
+        for f in self.files:
+            f.close()
+        for t, p in zip(self.tmps, self.paths):
+            os.replace(t, p)
+
+    def abort(self) -> None:
+        for f in self.files:
+            f.close()
+        for t in self.tmps:
+            if os.path.exists(t):
+                os.remove(t)
+
+
+def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpec,
+        num_workers: int = 1, chunk_chars: int = 1_000_000, progress: bool = True) -> Stats:
+    """Write the instances of all input files; returns the run's Stats. Inputs, vocabulary
+    and config must already be validated (see create_pretraining_data.py)."""
+    from tqdm import tqdm
+
+    t0 = time.time()
+    stats = Stats()
+    total_bytes = sum(os.path.getsize(p) for p in input_paths)
+    chunks = iter_chunks(input_paths, stats, chunk_chars)
+    outputs = _Outputs(output_paths)
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=not progress,
+               desc="create_pretraining_data", file=sys.stderr)
+    pool = None
+    try:
+        if num_workers <= 1:
+            _init_worker(spec)
+            results = (process_chunk(k, docs) + (nb,) for k, docs, nb in chunks)
+        else:
+            method = "fork" if sys.platform.startswith("linux") else "spawn"
+            pool = mp.get_context(method).Pool(num_workers, _init_worker, (spec,))
+            results = _ordered_bounded(pool, chunks, 2 * num_workers)
+        done_bytes = 0
+        for _, blob, ends, st, nb in results:
+            outputs.write(blob, ends)
+            stats.add(st)
+            stats.output_bytes += len(blob)
+            bar.update(nb - done_bytes)
+            done_bytes = nb
+            bar.set_postfix(instances=f"{stats.instances:,}", refresh=False)
+        if pool is not None:
+            pool.close()
+            pool.join()
+            pool = None
+        outputs.commit()
+    except BaseException:
+        outputs.abort()
+        raise
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+    stats.seconds = time.time() - t0
+    return stats
+
+
+def _ordered_bounded(pool, chunks, max_in_flight: int):
+    """Results in chunk order, with at most max_in_flight chunks submitted and not yet
+    consumed (Pool.imap would read the whole corpus ahead into its task queue)."""
+    pending = collections.deque()
+    for k, docs, nb in chunks:
+        pending.append((pool.apply_async(process_chunk, (k, docs)), nb))
+        if len(pending) >= max_in_flight:
+            res, nbytes = pending.popleft()
+            yield res.get() + (nbytes,)
+    while pending:
+        res, nbytes = pending.popleft()
+        yield res.get() + (nbytes,)
