@@ -20,7 +20,6 @@ and instances are shuffled within a chunk. Byte-identical output for any --num_w
 
 from __future__ import annotations
 
-import glob
 import os
 import sys
 
@@ -31,6 +30,7 @@ from absl import app, flags  # noqa: E402
 
 from data_prep import instances as inst  # noqa: E402
 from data_prep import pipeline  # noqa: E402
+from data_prep.paths import InputError, resolve_inputs, resolve_outputs  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -60,54 +60,6 @@ flags.DEFINE_float("chunk_size_mb", 1.0,
                    "Text per chunk: the memory bound, and the pool NSP draws random B "
                    "sentences from. Part of the output's identity (like the seed).")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
-
-
-class InputError(Exception):
-    """Bad flags or files, found before any work (printed without a traceback)."""
-
-
-def resolve_inputs(spec: str) -> list[str]:
-    paths = []
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        if glob.has_magic(part):
-            hits = sorted(glob.glob(part))
-            if not hits:
-                raise InputError(f"--input_file: no file matches {part!r}")
-            paths.extend(hits)
-        elif not os.path.isfile(part):
-            raise InputError(f"--input_file: file not found: {part}")
-        else:
-            paths.append(part)
-    if not paths:
-        raise InputError("--input_file: no input files given")
-    for p in paths:
-        if not os.access(p, os.R_OK):
-            raise InputError(f"--input_file: cannot read {p}")
-    return paths
-
-
-def resolve_outputs(spec: str, num_shards: int) -> list[str]:
-    parts = [p.strip() for p in spec.split(",") if p.strip()]
-    if not parts:
-        raise InputError("--output_file: no output file given")
-    if num_shards < 1:
-        raise InputError(f"--num_output_shards must be >= 1 (got {num_shards})")
-    if num_shards > 1:
-        if len(parts) != 1:
-            raise InputError("--num_output_shards needs a single --output_file name")
-        name = parts[0]
-        if "{shard" in name:
-            parts = [name.format(shard=i, num_shards=num_shards) for i in range(num_shards)]
-        else:
-            parts = [f"{name}-{i:05d}-of-{num_shards:05d}" for i in range(num_shards)]
-    if len(set(parts)) != len(parts):
-        raise InputError(f"--output_file: duplicate output names {parts}")
-    for p in parts:
-        if os.path.isdir(p):
-            raise InputError(f"--output_file: {p} is a directory")
-    return parts
 
 
 def main(argv):
