@@ -34,6 +34,7 @@ class ImportReport:
     unexpected: list       # source tensors that map to nothing of ours (not imported)
     skipped: list          # optimizer state, counters, tied copies: deliberately not imported
     cast: list             # (name, dtype) of tensors converted to the config's param_dtype
+    param_dtype: str = "float32"
 
     def summary(self) -> str:
         lines = [f"heads imported: {', '.join(self.heads) or 'none'}"]
@@ -48,7 +49,8 @@ class ImportReport:
                          f"{' ...' if len(self.unexpected) > 10 else ''}")
         if self.cast:
             dtypes = sorted({d for _, d in self.cast})
-            lines.append(f"cast {len(self.cast)} tensors from {', '.join(dtypes)} to float32")
+            lines.append(f"cast {len(self.cast)} tensors from {', '.join(dtypes)} to "
+                         f"{self.param_dtype}")
         return "\n".join(lines)
 
 
@@ -150,13 +152,14 @@ def read_params(rows: Iterable[Row], load: Callable[[str], np.ndarray],
 
         rows = tqdm(rows, desc="tensors", unit="t", leave=False)
     flat = {}
-    target = np.dtype(config.param_dtype) if config.param_dtype == "float32" else None
+    target = np.dtype(jax.numpy.dtype(config.param_dtype))  # bfloat16 through ml_dtypes
     for name, path, kind in rows:
         x = np.asarray(load(name))
         if not np.issubdtype(x.dtype, np.floating) and x.dtype.name != "bfloat16":
             raise ConversionError(f"{name}: dtype {x.dtype} is not a float tensor")
-        if target is not None and x.dtype != target:
+        if x.dtype != target:
             report.cast.append((name, x.dtype.name))
+            report.param_dtype = target.name
             x = x.astype(target)
         flat[path] = np.ascontiguousarray(to_ours[kind](x))
     return flax.traverse_util.unflatten_dict(flat)

@@ -190,3 +190,15 @@ def test_pytorch_bin_reads_like_safetensors(tiny, tmp_path):
     assert report.heads == ["mlm", "nsp"]
     for (pa, a), (pb, b) in zip(sorted(_flat(from_bin)), sorted(_flat(from_st))):
         assert pa == pb and np.array_equal(a, b), pa
+
+
+def test_half_precision_weights_are_cast_and_reported(tiny, tmp_path):
+    hf_cfg, state, _ = tiny
+    half = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in state.items()}
+    params, _, report, _ = hf_files.read_hf_dir(_hf_dir(tmp_path / "h", hf_cfg, half))
+    leaves = dict(_flat(params))
+    assert all(v.dtype == np.float32 for v in leaves.values())
+    assert len(report.cast) == len(leaves) and "from float16 to float32" in report.summary()
+    w = leaves[("bert", "embeddings", "word_embeddings", "embedding")]
+    assert np.array_equal(w, state["bert.embeddings.word_embeddings.weight"].astype(np.float16)
+                          .astype(np.float32))
