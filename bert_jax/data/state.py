@@ -1,33 +1,21 @@
-"""Saving and restoring input-iterator state, alone or inside an orbax checkpoint.
+"""Input-iterator state as a flat dict of numpy arrays, and its file format.
 
 Every iterator in `bert_jax.data` (tf.data, synthetic, the device prefetcher) exposes
-`get_state() -> dict[str, np.ndarray]` and `set_state(state)`. The state is host-local:
-each process saves its own file, `process_<i>-of-<n>.npz`, next to the model checkpoint.
-
-With orbax, register the item once and save it with the rest of the train state:
-
-    mngr = ocp.CheckpointManager(dir, item_names=("state", "data"))
-    mngr.save(step, args=ocp.args.Composite(
-        state=ocp.args.StandardSave(train_state), data=InputStateSave(train_iter)))
-    mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), data=InputStateRestore(train_iter)))
-
-`InputStateSave` snapshots the iterator state when it is constructed (before the next
-`next()`), so an asynchronous checkpoint never records a later position.
-
-This module never imports TensorFlow.
+`get_state() -> dict[str, np.ndarray]` and `set_state(state)`, plus `save(path)` /
+`restore(path)` which use `save_state` / `load_state` here (npz, no pickle, written to a
+temp file and renamed). The state is host-local: each process keeps its own file,
+`process_<i>-of-<n>.npz` (`state_file`). For orbax checkpoints see
+`bert_jax.data.checkpointing`. This module never imports TensorFlow or orbax.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 
 META = "meta"
@@ -68,42 +56,3 @@ def load_state(path) -> dict[str, np.ndarray]:
         raise FileNotFoundError(f"no input-iterator state at {path}")
     with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as data:
         return {k: data[k] for k in data.files}
-
-
-class InputStateHandler(ocp.CheckpointHandler):
-    """orbax handler: each process writes / reads its own `process_<i>-of-<n>.npz`."""
-
-    def save(self, directory: epath.Path, *args, **kwargs):
-        save_args = kwargs.get("args", args[0] if args else None)
-        save_state(state_file(directory), save_args.state)
-
-    def restore(self, directory: epath.Path, *args, **kwargs):
-        restore_args = kwargs.get("args", args[0] if args else None)
-        state = load_state(state_file(directory))
-        if restore_args is not None and restore_args.iterator is not None:
-            restore_args.iterator.set_state(state)
-        return state
-
-    def metadata(self, directory: epath.Path):
-        return None
-
-
-@ocp.args.register_with_handler(InputStateHandler, for_save=True)
-@dataclasses.dataclass
-class InputStateSave(ocp.args.CheckpointArgs):
-    """Saves `iterator.get_state()`, snapshotted now (at construction)."""
-    iterator: Any = None
-    state: dict | None = None
-
-    def __post_init__(self):
-        if self.state is None:
-            if self.iterator is None:
-                raise ValueError("InputStateSave needs an iterator or a state")
-            self.state = self.iterator.get_state()
-
-
-@ocp.args.register_with_handler(InputStateHandler, for_restore=True)
-@dataclasses.dataclass
-class InputStateRestore(ocp.args.CheckpointArgs):
-    """Restores into `iterator.set_state(...)` (if given); the state dict is also returned."""
-    iterator: Any = None
