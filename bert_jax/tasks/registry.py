@@ -1,0 +1,67 @@
+"""Fine-tuning configs: the shared sections (the paper's recipe) and config -> task object.
+
+configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` and fill
+`config.task`. Sections:
+
+    task        kind: glue | squad | ner, plus that task's fields (see the configs)
+    train       init_checkpoint (model dir or HF dir), random_init (control run: same
+                architecture, fresh weights), batch_size 32, eval_batch_size, num_epochs 3,
+                max_steps (-1: from epochs), num_restarts, seed, log_every
+    optimizer   bert_jax.optim: adamw, b1 0.9, b2 0.999, eps 1e-6, weight_decay 0.01,
+                clip_norm 1.0
+    schedule    lr (peak), lr_grid (optional sweep, e.g. (5e-5, 3e-5, 2e-5)), warmup_ratio 0.1
+                (or warmup_steps >= 0), linear decay to end_lr 0
+    model_overrides  BertConfig fields changed on top of the checkpoint's config (dropout 0.1,
+                dtype, remat ...)
+    tokenizer   vocab_file (default: the checkpoint's vocab.txt), do_lower_case
+    model       the architecture when init_checkpoint is empty (random init from scratch)
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from bert_jax.models.config import model_config
+
+
+def base_config() -> ml_collections.ConfigDict:
+    c = ml_collections.ConfigDict()
+    c.task = ml_collections.ConfigDict()
+    c.train = ml_collections.ConfigDict(dict(
+        init_checkpoint="", random_init=False, batch_size=32, eval_batch_size=64,
+        num_epochs=3.0, max_steps=-1, num_restarts=1, seed=0, log_every=10))
+    c.optimizer = ml_collections.ConfigDict(dict(
+        name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))
+    c.schedule = ml_collections.ConfigDict(dict(
+        lr=2e-5, lr_grid=(), warmup_ratio=0.1, warmup_steps=-1, decay="linear", end_lr=0.0))
+    c.model_overrides = ml_collections.ConfigDict(dict(
+        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+    c.tokenizer = ml_collections.ConfigDict(dict(vocab_file="", do_lower_case=True))
+    # Used only without init_checkpoint (training from scratch): BERT-Base by default.
+    c.model = model_config()
+    return c
+
+
+def task_from_config(config, vocab_file: str = ""):
+    t = config.task
+    common = dict(tfds_data_dir=t.tfds_data_dir or None, cache_dir=t.cache_dir,
+                  vocab_file=vocab_file)
+    if t.kind == "glue":
+        from bert_jax.tasks.glue import GlueTask
+
+        return GlueTask(t.name, data_dir=t.data_dir, max_seq_length=t.max_seq_length,
+                        labels=tuple(t.labels) or None, regression=t.regression,
+                        single_sentence=t.single_sentence, eval_test=t.eval_test,
+                        dev_split=t.dev_split, **common)
+    if t.kind == "squad":
+        from bert_jax.tasks.squad import SquadTask
+
+        return SquadTask(t.version, t.train_file, t.predict_file, t.max_seq_length,
+                         t.doc_stride, t.max_query_length, t.n_best_size, t.max_answer_length,
+                         t.null_score_diff_threshold, **common)
+    if t.kind == "ner":
+        from bert_jax.tasks.ner import NerTask
+
+        return NerTask(t.train_file, t.dev_file, t.test_file, tuple(t.labels) or None,
+                       t.max_seq_length, t.strict, **common)
+    raise ValueError(f"config.task.kind={t.kind!r}; expected glue, squad or ner")
