@@ -154,7 +154,7 @@ class WordPieceTokenizer(_BaseTokenizer):
         slow_idx = np.flatnonzero(~fast)
         # Fast lines all at once: pad every punctuation byte with spaces, split on
         # whitespace; NUL (never in a printable line) marks each line end.
-        joined = " \x00 ".join([texts[i] for i in fast_idx]) + " \x00"
+        joined = " \x00 ".join([texts[i] for i in fast_idx]) + " \x00" if len(fast_idx) else ""
         joined = (joined.lower() if self.do_lower_case else joined).encode("ascii")
         for p in _ASCII_PUNCT:
             if p in joined:

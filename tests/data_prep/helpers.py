@@ -1,0 +1,100 @@
+"""Shared helpers for tests/data_prep: run the tool in-process, read its output back with
+TensorFlow's own parser (an implementation independent of our serializer)."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from bert_jax.data.features import PRETRAIN_FEATURES, feature_lengths
+from data_prep import instances as inst
+from data_prep import pipeline
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SAMPLE = sorted(str(p) for p in (REPO / "data_prep" / "sample_corpus").glob("*.txt"))
+VOCAB = str(REPO / "data_prep" / "bert_uncased_vocab.txt")
+GOLDENS = REPO / "tests" / "data_prep" / "goldens"
+
+
+def run_tool(inputs, outputs, *, seed=12345, num_workers=1, chunk_chars=1_000_000,
+             vocab=VOCAB, spm=None, lower=True, **cfg_kw) -> pipeline.Stats:
+    cfg = inst.InstanceConfig(**{"dupe_factor": 1, **cfg_kw})
+    cfg.validate()
+    spec = pipeline.WorkerSpec(None if spm else vocab, spm, lower, cfg, seed)
+    return pipeline.run([str(p) for p in inputs], [str(p) for p in outputs], spec,
+                        num_workers=num_workers, chunk_chars=chunk_chars, progress=False)
+
+
+def read_examples(paths, max_seq_length: int, max_predictions_per_seq: int) -> dict:
+    """All records of the files, parsed by tf.io.parse_example: name -> <[n, length]>."""
+    import tensorflow as tf
+
+    lengths = feature_lengths(max_seq_length, max_predictions_per_seq)
+    spec = {name: tf.io.FixedLenFeature([lengths[name]],
+                                        tf.float32 if dt == "float" else tf.int64)
+            for name, (dt, _) in PRETRAIN_FEATURES.items()}
+    out = {k: [] for k in spec}
+    for path in paths:
+        ds = tf.data.TFRecordDataset(str(path)).batch(4096)
+        for batch in ds:
+            parsed = tf.io.parse_example(batch, spec)
+            for k in spec:
+                out[k].append(parsed[k].numpy())
+    return {k: (np.concatenate(v) if v else np.zeros((0, lengths[k]))) for k, v in out.items()}
+
+
+def restore(ex: dict) -> np.ndarray:
+    """input_ids with the masked positions given back their original ids."""
+    ids = ex["input_ids"].copy()
+    r, c = np.nonzero(ex["masked_lm_weights"] > 0)
+    ids[r, ex["masked_lm_positions"][r, c]] = ex["masked_lm_ids"][r, c]
+    return ids
+
+
+def check_invariants(ex: dict, *, cls_id: int, sep_id: int, max_seq_length: int,
+                     max_predictions_per_seq: int, masked_lm_prob: float = 0.15,
+                     no_nsp: bool = False, whole_word: bool = False) -> None:
+    """Every structural invariant of the original format, asserted for every record."""
+    n = len(ex["input_ids"])
+    if n == 0:
+        return
+    S, P = max_seq_length, max_predictions_per_seq
+    mask = ex["input_mask"]
+    L = mask.sum(1)
+    j = np.arange(S)[None, :]
+    np.testing.assert_array_equal(mask, (j < L[:, None]).astype(mask.dtype))  # a prefix
+    assert (L >= (3 if no_nsp else 5)).all() and (L <= S).all()
+    ids = restore(ex)
+    assert (ids[:, 0] == cls_id).all()
+    assert (ids[np.arange(n), L - 1] == sep_id).all()
+    assert (ex["input_ids"][j >= L[:, None]] == 0).all()
+    assert (ids[:, 1:] != cls_id).all()
+    seps = (ids == sep_id) & (mask > 0)
+    seg = ex["segment_ids"]
+    if no_nsp:
+        assert (seg == 0).all() and (ex["next_sentence_labels"] == 0).all()
+    else:
+        assert (seps.sum(1) == 2).all(), "[CLS] A [SEP] B [SEP]: exactly two [SEP]"
+        first_sep = seps.argmax(1)
+        assert (first_sep >= 2).all() and (first_sep <= L - 3).all()  # A and B non-empty
+        want = (j > first_sep[:, None]) & (j < L[:, None])
+        np.testing.assert_array_equal(seg, want.astype(seg.dtype))
+        assert set(np.unique(ex["next_sentence_labels"])) <= {0, 1}
+    w = ex["masked_lm_weights"]
+    k = (w > 0).sum(1)
+    np.testing.assert_array_equal(w, (np.arange(P)[None] < k[:, None]).astype(w.dtype))
+    pos, lab = ex["masked_lm_positions"], ex["masked_lm_ids"]
+    valid = w > 0
+    assert (pos[~valid] == 0).all() and (lab[~valid] == 0).all()
+    assert ((pos >= 1) & (pos < L[:, None]))[valid].all()
+    assert (np.diff(np.where(valid, pos, S + np.arange(P)), axis=1) > 0).all()  # increasing
+    rows = np.nonzero(valid)[0]
+    assert (lab[valid] == ids[rows, pos[valid]]).all()
+    assert (lab[valid] != cls_id).all() and (lab[valid] != sep_id).all()  # never specials
+    n_cand = ((ids != cls_id) & (ids != sep_id) & (mask > 0)).sum(1)
+    n_pred = np.minimum(np.minimum(P, np.maximum(1, np.rint(L * masked_lm_prob))), n_cand)
+    if whole_word:
+        assert (k <= n_pred).all() and (k >= 1).all()
+    else:
+        np.testing.assert_array_equal(k, n_pred)
