@@ -196,3 +196,27 @@ def test_pre_ln_has_no_tf_form():
                         intermediate_size=8, pre_ln=True)
     with pytest.raises(ConversionError, match="pre-LN"):
         tfc.config_to_tf(config)
+
+
+def test_fine_tuned_heads_of_the_original_scripts(tiny, tmp_path):
+    """run_classifier.py's output_weights [labels, H] and run_squad.py's
+    cls/squad/output_weights [2, H] map to our classifier / qa_outputs heads and back."""
+    hf_cfg, state, _ = tiny
+    config = hf.config_from_hf(hf_cfg)
+    rng = np.random.default_rng(1)
+    arrays = {k: v for k, v in hf_state_to_tf(state).items() if k.startswith("bert/")}
+    arrays.update({
+        "output_weights": rng.normal(size=(3, 32)).astype(np.float32),
+        "output_bias": rng.normal(size=(3,)).astype(np.float32),
+        "cls/squad/output_weights": rng.normal(size=(2, 32)).astype(np.float32),
+        "cls/squad/output_bias": rng.normal(size=(2,)).astype(np.float32),
+    })
+    write_tf1_checkpoint(str(tmp_path / "ft.ckpt"), arrays)
+    params, report = tfc.read_checkpoint(str(tmp_path / "ft.ckpt"), config)
+    assert report.heads == ["classifier", "qa_outputs"]
+    assert report.missing_heads == ["mlm", "nsp"]
+    assert np.array_equal(params["classifier"]["dense"]["kernel"], arrays["output_weights"].T)
+    assert params["qa_outputs"]["dense"]["kernel"].shape == (32, 2)
+    back = tfc.params_to_tf(params, config)
+    assert sorted(back) == sorted(arrays)
+    assert all(np.array_equal(back[k], arrays[k]) for k in arrays)
