@@ -1,0 +1,115 @@
+r"""Time one pre-training optimizer step (MLM + NSP, forward + backward + AdamW update).
+
+    python benchmarks/train_step.py --config=configs/bert_base.py --batch=8 --seq=128
+
+The exact jitted, sharded step the trainer runs (bert_jax.train.step), on synthetic
+batches, all local devices in one data-parallel mesh. Prints compile time, the median of
+--steps timed steps, seq/s, tokens/s and MFU (model FLOPs / peak FLOP/s; the peak is the
+device table's bf16 figure on accelerators, and on CPU a measured float32 matmul ceiling of
+this machine, printed as well). Anything else on the machine slows the result: check
+`uptime` first.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Run config (model section used).")
+flags.DEFINE_integer("batch", 8, "Global batch size.")
+flags.DEFINE_integer("seq", 128, "Sequence length.")
+flags.DEFINE_integer("predictions", None, "MLM slots per example (default: 0.15 * seq).")
+flags.DEFINE_integer("steps", 5, "Timed steps (median reported).")
+flags.DEFINE_integer("warmup", 2, "Untimed steps after compile.")
+flags.DEFINE_integer("accum", 1, "Micro-batches per step.")
+flags.DEFINE_string("optimizer", "adamw", "adamw | lamb")
+flags.DEFINE_string("dtype", "float32", "Compute dtype (params stay float32).")
+flags.DEFINE_bool("dropout", True, "Dropout on (as in training).")
+flags.mark_flags_as_required(["config"])
+
+
+def main(argv):
+    del argv
+    import jax
+    import numpy as np
+
+    from bert_jax import optim
+    from bert_jax import sharding as sharding_lib
+    from bert_jax.data import device as data_device
+    from bert_jax.data.synthetic import synthetic_batch
+    from bert_jax.train import metrics as metrics_lib
+    from bert_jax.train import state as state_lib
+    from bert_jax.train import step as step_lib
+    from bert_jax.train.config import add_training_sections
+
+    config = FLAGS.config
+    with config.unlocked():
+        config.model.dtype = FLAGS.dtype
+        if "optimizer" not in config:
+            add_training_sections(config)
+        config.optimizer.name = FLAGS.optimizer
+        config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+    preds = FLAGS.predictions or max(1, int(round(0.15 * FLAGS.seq)))
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = sharding_lib.rules_from_config(config.mesh)
+    model = state_lib.create_model(config)
+    mcfg = state_lib.model_config(config)
+    tx = optim.make_optimizer(config.optimizer, config.schedule, 1_000_000)
+    schedule = optim.make_schedule(config.schedule, 1_000_000)
+    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, FLAGS.seq, preds)
+    state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), FLAGS.seq, preds,
+                                 shardings)
+    bsh = data_device.batch_sharding(mesh, rules)
+    fn = step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
+                                 accum_steps=FLAGS.accum, deterministic=not FLAGS.dropout)
+    gen = np.random.default_rng(0)
+    batches = [data_device.to_global(synthetic_batch(
+        gen, FLAGS.batch, FLAGS.seq, preds, vocab_size=mcfg.vocab_size, cls_id=101,
+        sep_id=102, mask_id=103), bsh) for _ in range(2)]
+    rng = jax.device_put(jax.random.key(1), sharding_lib.replicated(mesh))
+
+    t = time.perf_counter()
+    compiled = fn.lower(state, batches[0], rng).compile()
+    compile_s = time.perf_counter() - t
+    for i in range(FLAGS.warmup):
+        state, m = compiled(state, batches[i % 2], rng)
+    jax.block_until_ready(state)
+    times = []
+    for i in range(FLAGS.steps):
+        t = time.perf_counter()
+        state, m = compiled(state, batches[i % 2], rng)
+        jax.block_until_ready((state, m))
+        times.append(time.perf_counter() - t)
+    step_s = statistics.median(times)
+    flops = metrics_lib.model_flops_per_example(mcfg, FLAGS.seq, preds, nsp=model.nsp)
+    peak, source = metrics_lib.peak_flops_per_device()
+    perf = metrics_lib.throughput(step_s, FLAGS.batch, FLAGS.seq, flops, peak,
+                                  jax.device_count())
+    n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
+    print(f"model: L={mcfg.num_hidden_layers} H={mcfg.hidden_size} "
+          f"({n_params / 1e6:.1f}M params), dtype {FLAGS.dtype}, {FLAGS.optimizer}, "
+          f"MLM+NSP, batch {FLAGS.batch} x {FLAGS.seq} tokens, {preds} MLM slots, "
+          f"accum {FLAGS.accum}, dropout {'on' if FLAGS.dropout else 'off'}")
+    print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; load average "
+          f"{os.getloadavg()[0]:.2f} (other processes slow the figures)")
+    print(f"compile: {compile_s:.1f} s")
+    print(f"step time: median {step_s:.3f} s over {FLAGS.steps} steps "
+          f"(min {min(times):.3f}, max {max(times):.3f}); loss {float(m['train/loss']):.4f}")
+    print(f"throughput: {perf['perf/seq_per_s']:.2f} seq/s, "
+          f"{perf['perf/tokens_per_s']:.0f} tokens/s")
+    print(f"model FLOPs per step: {flops * FLAGS.batch / 1e9:.1f} GFLOP; peak: "
+          f"{peak / 1e9:.1f} GFLOP/s per device ({source})")
+    print(f"MFU: {100 * perf['perf/mfu']:.1f}%")
+
+
+if __name__ == "__main__":
+    app.run(main)

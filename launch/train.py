@@ -1,0 +1,75 @@
+r"""Pre-train BERT: one command from a CPU to a TPU pod.
+
+    python launch/train.py --config=configs/bert_tiny.py --workdir=/tmp/bert_tiny
+    python launch/train.py --config=configs/bert_base.py --workdir=gs://bucket/base \
+        --config.data.train_files='gs://bucket/data/train-*' \
+        --config.data.eval_files='gs://bucket/data/eval-*' --config.mesh.fsdp=-1 \
+        --config.mesh.data=1
+    python launch/train.py --config=configs/bert_base.py:phase2 --workdir=... \
+        --config.train.init_checkpoint=<phase-1 workdir>
+
+The config is a plain Python file (configs/*.py) whose sections are documented in
+bert_jax/train/config.py; `--config.section.key=value` overrides, and an unknown key is an
+error. Restarting the same command resumes from WORKDIR/checkpoints. SIGTERM saves and
+exits 0.
+
+Multi-host: on TPU VMs (all hosts run this same command) `jax.distributed.initialize()`
+is called automatically; elsewhere pass --coordinator_address=host:port
+--num_processes=N --process_id=i (or --distributed=on where the cluster is auto-detected,
+e.g. SLURM).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if __package__ in (None, ""):  # run as a script from a checkout: make bert_jax importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Run config: configs/<name>.py[:arg]",
+                                lock_config=True)
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events.")
+flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
+                  "jax.distributed.initialize(): auto = on TPU VMs with several hosts or "
+                  "when --coordinator_address is set.")
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process).")
+flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process).")
+flags.DEFINE_integer("process_id", None, "This process's index (multi-process).")
+flags.DEFINE_integer("debug_kill_after_step", None,
+                     "Testing hook: SIGKILL this process as soon as the checkpoint of this "
+                     "step is on disk (simulates a crash).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from absl import logging as absl_logging
+
+    if not FLAGS["verbosity"].present:  # orbax logs every save at INFO
+        absl_logging.set_verbosity(absl_logging.WARNING)
+    from bert_jax.train import runtime
+
+    runtime.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
+                       FLAGS.process_id)
+    from bert_jax.train import loop
+
+    after_save = None
+    if FLAGS.debug_kill_after_step is not None:
+        def after_save(step):
+            if step == FLAGS.debug_kill_after_step:
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)
+    loop.train(FLAGS.config, FLAGS.workdir, after_save=after_save)
+
+
+if __name__ == "__main__":
+    app.run(main)
