@@ -200,10 +200,11 @@ def _packed_stream(flat: np.ndarray, docs: inst.Docs, sep_id: int):
         pieces.append(flat[start:cum[-1]])
         bounds.extend(c - start + pos for c in cum)
         pos += cum[-1] - start
+        # The [SEP] after a document is kept only inside an instance: cut points are
+        # sentence ends, and an instance never starts with it.
         pieces.append(np.array([sep_id], dtype=np.int32))
         seps.add(pos)
         pos += 1
-        bounds.append(pos)
     stream = np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
     return stream, bounds, seps
 
