@@ -95,6 +95,7 @@ def check_invariants(ex: dict, *, cls_id: int, sep_id: int, max_seq_length: int,
     n_cand = ((ids != cls_id) & (ids != sep_id) & (mask > 0)).sum(1)
     n_pred = np.minimum(np.minimum(P, np.maximum(1, np.rint(L * masked_lm_prob))), n_cand)
     if whole_word:
-        assert (k <= n_pred).all() and (k >= 1).all()
+        # A word longer than the budget is skipped, as in the original: may mask nothing.
+        assert (k <= n_pred).all()
     else:
         np.testing.assert_array_equal(k, n_pred)
