@@ -52,9 +52,10 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.batch_size = 256           # GLOBAL batch; each host gets batch_size / process_count
     c.eval_batch_size = 0        # GLOBAL; 0 = batch_size
     c.shuffle = True
-    c.shuffle_buffer = 10_000    # serialized records per host (also the state size)
+    c.shuffle_buffer = 10_000    # records per shuffle window, per host (~ state size)
     c.seed = 0
     c.num_parallel_reads = 16    # files read at once (interleave cycle length)
+    c.interleave_block = 16      # consecutive records taken from one file at a time
     c.read_buffer_bytes = 1 << 20  # TFRecordDataset read buffer per file
     c.dynamic_masking = False    # re-mask on the fly (RoBERTa); else the files' masks
     c.masked_lm_prob = 0.15
