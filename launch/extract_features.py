@@ -15,6 +15,7 @@ object per line with "linex_index" (0-based line of the input) and the values.
 
 import logging
 import os
+import sys
 import time
 
 from absl import app, flags
@@ -35,6 +36,14 @@ flags.DEFINE_integer("batch_size", 32, "Sentences per forward pass.")
 
 def main(argv):
     del argv
+    try:
+        run()
+    except (ValueError, FileNotFoundError) as e:
+        # Bad inputs (vocab, layers, output name, config) name the file: no traceback.
+        sys.exit(f"error: {e}")
+
+
+def run():
     from bert_jax.convert import extract, model_dir
     from bert_jax.data.tokenization import load_tokenizer
     from bert_jax.models.config import BertConfig

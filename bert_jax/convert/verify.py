@@ -59,14 +59,17 @@ def run_ours(params: Mapping, config: BertConfig, batch: Mapping) -> dict[str, n
     the heads are in `params`."""
     from bert_jax.models.bert import BertForPreTraining, BertModel
 
+    import jax
+
     config = config.replace(scan_layers=False, remat="none")
     args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
-    seq, pooled = BertModel(config).apply({"params": params["bert"]}, *args)
+    seq, pooled = jax.jit(BertModel(config).apply)({"params": params["bert"]}, *args)
     out = {"sequence_output": np.asarray(seq), "pooled_output": np.asarray(pooled)}
     if "mlm" in params:
         nsp = "nsp" in params
         tree = {k: params[k] for k in ("bert", "mlm", "nsp") if k in params}
-        mlm, nsp_logits = BertForPreTraining(config, nsp=nsp).apply({"params": tree}, *args)
+        mlm, nsp_logits = jax.jit(BertForPreTraining(config, nsp=nsp).apply)(
+            {"params": tree}, *args)
         out["mlm_logits"] = np.asarray(mlm)
         if nsp:
             out["nsp_logits"] = np.asarray(nsp_logits)
