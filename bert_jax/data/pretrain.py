@@ -23,7 +23,7 @@ TensorFlow). This module imports TensorFlow only when a tfrecord pipeline is bui
 `source="synthetic"` runs on images without TF.
 
 Iterator state: `get_state()` returns a flat dict of numpy arrays, host-local; store it with
-`bert_jax.data.state.InputStateSave` in the orbax checkpoint (one file per process). For
+`bert_jax.data.checkpointing.InputStateSave` in the orbax checkpoint (one file per process). For
 tfrecord it is tf.data's own serialized iterator (read offsets + shuffle buffer, restored
 at once, exact); see `bert_jax.data.tfrecord` for why.
 """
@@ -59,8 +59,8 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.read_buffer_bytes = 1 << 20  # TFRecordDataset read buffer per file
     c.dynamic_masking = False    # re-mask on the fly (RoBERTa); else the files' masks
     c.masked_lm_prob = 0.15
-    # Vocabulary, for dynamic masking and the id checks: read from vocab_file if given,
-    # else these (the uncased BERT WordPiece vocab).
+    # Vocabulary, for dynamic masking and the id checks: read from vocab_file if given
+    # (WordPiece vocab.txt or SentencePiece .model), else these (uncased BERT WordPiece).
     c.vocab_file = ""
     c.vocab_size = 30522
     c.pad_id = 0
@@ -76,16 +76,28 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
 
 
 def vocab_info(cfg) -> dict[str, int]:
-    """vocab_size and the special ids (pad / cls / sep / mask), from data.vocab_file if set."""
+    """vocab_size and the special ids (pad / cls / sep / mask), from data.vocab_file if set.
+
+    data.vocab_file: a WordPiece vocab.txt (one token per line; gs:// works) or a
+    SentencePiece `.model` (through bert_jax.data.tokenization). A vocabulary without [PAD]
+    pads with id 0, as the original tool does.
+    """
     if cfg.get("vocab_file"):
+        if str(cfg.vocab_file).endswith(".model"):
+            from bert_jax.data import tokenization
+            tok = tokenization.load_tokenizer(spm_model_file=cfg.vocab_file)
+            return dict(vocab_size=tok.vocab_size, pad_id=tok.pad_id, cls_id=tok.cls_id,
+                        sep_id=tok.sep_id, mask_id=tok.mask_id)
         path = epath.Path(cfg.vocab_file)
         if not path.exists():
             raise FileNotFoundError(f"data.vocab_file {cfg.vocab_file} does not exist")
-        tokens = [line.rstrip("\n").strip() for line in path.read_text().splitlines()]
-        index = {tok: i for i, tok in reversed(list(enumerate(tokens)))}
-        ids = {}
-        for key, tok in (("pad_id", "[PAD]"), ("cls_id", "[CLS]"), ("sep_id", "[SEP]"),
-                         ("mask_id", "[MASK]")):
+        lines = path.read_text().split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        tokens = [line.strip() for line in lines]
+        index = {tok: i for i, tok in enumerate(tokens)}  # later duplicates win (original)
+        ids = {"pad_id": index.get("[PAD]", 0)}
+        for key, tok in (("cls_id", "[CLS]"), ("sep_id", "[SEP]"), ("mask_id", "[MASK]")):
             if tok not in index:
                 raise ValueError(f"{cfg.vocab_file}: no {tok} token in the vocabulary")
             ids[key] = index[tok]
