@@ -95,18 +95,59 @@ def _host(tree):
     return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
 
 
+def make_steps(task, model, tx):
+    """(train_step, eval_step), jitted. Built once per (model, optimizer) and reused by every
+    restart, so seeds after the first cost no compilation.
+
+    train_step(params, opt_state, batch, dropout_rng, step) -> (params, opt_state, metrics)
+    eval_step(params, batch) -> task.keep(outputs, batch)
+    """
+
+    def loss_fn(p, batch, step_rng):
+        out = model.apply({"params": p}, *model_inputs(batch), deterministic=False,
+                          rngs={"dropout": step_rng})
+        return task.loss(out, batch)
+
+    @jax.jit
+    def train_step(p, o, batch, dropout_rng, step):
+        step_rng = jax.random.fold_in(dropout_rng, step)
+        (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, step_rng)
+        updates, o = tx.update(grads, o, p)
+        m = dict(m, grad_norm=optax.tree.norm(grads))
+        return optax.apply_updates(p, updates), o, m
+
+    @jax.jit
+    def eval_step(p, batch):
+        out = model.apply({"params": p}, *model_inputs(batch), deterministic=True)
+        return task.keep(out, batch)
+
+    return train_step, eval_step
+
+
+def total_train_steps(config, n_train: int) -> int:
+    if config.train.max_steps > 0:
+        return int(config.train.max_steps)
+    return max(1, int(math.ceil(n_train * float(config.train.num_epochs)
+                                / int(config.train.batch_size))))
+
+
 def train_and_evaluate(task, bert_config: BertConfig, init_params: Optional[dict],
                        train_features, eval_sets, config, seed: int, lr: float,
-                       out_dir: Optional[str] = None, progress: bool = True):
-    """One fine-tuning run. Returns (results {eval set name: metrics}, params, train_log)."""
-    model = task.model(bert_config)
+                       out_dir: Optional[str] = None, progress: bool = True,
+                       steps_cache: Optional[dict] = None):
+    """One fine-tuning run. Returns (results {eval set name: metrics}, params, train_log).
+    steps_cache: a dict shared by the runs of one config (compiled steps per lr)."""
     batch_size = int(config.train.batch_size)
     n_train = num_rows(train_features)
     steps_per_epoch = max(1, n_train // batch_size)
-    total_steps = int(config.train.max_steps) if config.train.max_steps > 0 else max(
-        1, int(math.ceil(n_train * float(config.train.num_epochs) / batch_size)))
-    tx = optim.make_optimizer(config.optimizer, _schedule_section(config, lr, total_steps),
-                              total_steps)
+    total_steps = total_train_steps(config, n_train)
+    steps_cache = {} if steps_cache is None else steps_cache
+    if lr not in steps_cache:
+        model = task.model(bert_config)
+        tx = optim.make_optimizer(config.optimizer, _schedule_section(config, lr, total_steps),
+                                  total_steps)
+        steps_cache[lr] = (model, tx) + make_steps(task, model, tx)
+    model, tx, train_step, eval_step = steps_cache[lr]
 
     rng = jax.random.PRNGKey(seed)
     init_rng, dropout_rng = jax.random.split(rng)
@@ -116,24 +157,6 @@ def train_and_evaluate(task, bert_config: BertConfig, init_params: Optional[dict
     if init_params is not None:
         params = merge_encoder(params, init_params, str(config.train.init_checkpoint))
     opt_state = tx.init(params)
-
-    def loss_fn(p, batch, step_rng):
-        out = model.apply({"params": p}, *model_inputs(batch), deterministic=False,
-                          rngs={"dropout": step_rng})
-        return task.loss(out, batch)
-
-    @jax.jit
-    def train_step(p, o, batch, step):
-        step_rng = jax.random.fold_in(dropout_rng, step)
-        (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(p, batch, step_rng)
-        updates, o = tx.update(grads, o, p)
-        m = dict(m, grad_norm=optax.global_norm(grads))
-        return optax.apply_updates(p, updates), o, m
-
-    @jax.jit
-    def eval_step(p, batch):
-        out = model.apply({"params": p}, *model_inputs(batch), deterministic=True)
-        return task.keep(out, batch)
 
     bar = None
     if progress and jax.process_index() == 0:
@@ -145,7 +168,7 @@ def train_and_evaluate(task, bert_config: BertConfig, init_params: Optional[dict
                             num_epochs=math.ceil(total_steps / steps_per_epoch) + 1)
     for step in range(total_steps):
         batch = next(batches)
-        params, opt_state, m = train_step(params, opt_state, batch, step)
+        params, opt_state, m = train_step(params, opt_state, batch, dropout_rng, step)
         if (step + 1) % int(config.train.log_every) == 0 or step + 1 == total_steps:
             m = {k: float(v) for k, v in _host(m).items()}
             if not np.isfinite(m["loss"]):
@@ -203,7 +226,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
 
     lrs = list(config.schedule.lr_grid) or [float(config.schedule.lr)]
     main_set = next(e.name for e in eval_sets if e.labeled)
-    runs = []
+    runs, steps_cache = [], {}
     metrics_path = os.path.join(workdir, "metrics.jsonl")
     with open(metrics_path, "a", encoding="utf-8") as mf:
         for lr in lrs:
@@ -212,7 +235,7 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                 seed = int(config.train.seed) + r
                 results, params, log = train_and_evaluate(
                     task, bert_config, init_params, train_features, eval_sets, config, seed,
-                    float(lr), os.path.join(workdir, f"run_{i}"), progress)
+                    float(lr), os.path.join(workdir, f"run_{i}"), progress, steps_cache)
                 runs.append({"run": i, "seed": seed, "lr": float(lr), "results": results})
                 for name, m in results.items():
                     mf.write(json.dumps({"run": i, "seed": seed, "lr": float(lr),
@@ -220,7 +243,8 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                 mf.flush()
                 key = task.main_metric
                 score = results[main_set].get(key, float("nan"))
-                if i == 0 or score > max(x["results"][main_set][key] for x in runs[:-1]):
+                best_so_far = i == 0 or score > max(x["results"][main_set][key] for x in runs[:-1])
+                if best_so_far and config.train.save_best_model:
                     _save_best(workdir, params, bert_config, vocab)
                 logging.info("run %d (seed %d, lr %g): %s %s", i, seed, lr, main_set,
                              results[main_set])

@@ -5,11 +5,13 @@
 Deterministic (seeded); the outputs are committed, so tests never need the corpus.
 
 pairs/  (GLUE "tsv" format: index, sentence1, sentence2, label)
-    "Is B the speech that directly answers A in the play?" A is a speech; B is the next
-    speech of the same scene (label 1), or a speech from another play (label 0). 50/50.
+    "Does B quote A?" A: the opening (<= 18 words) of a speech. Label 1: B is a contiguous
+    part of A with one or two words dropped; label 0: B is a span of a neighbouring speech
+    of the same scene (same names and topic). 50/50.
 squad/  (SQuAD JSON, v1.1 and v2.0)
-    Context: 4-7 consecutive speeches written "SPEAKER: words". Question: "Who says
-    '<opening words of one speech>'?"; answer: that speech's SPEAKER span in the context.
+    Context: 3-5 consecutive speeches (<= 16 words each) written "SPEAKER: words", at least
+    two speakers. Question: "Who says '<opening 4-7 words of one speech>'?"; answer: that
+    speech's SPEAKER span in the context.
     v2.0 adds unanswerable questions quoting a speech of the same play that is NOT in the
     context (its speaker may well be in it, so the name alone does not answer).
 conll/  (CoNLL columns `word POS chunk tag`, IOB1 like CoNLL-2003)
@@ -57,21 +59,34 @@ def clip(text, max_words):
 
 
 def make_pairs(plays, rng, n):
+    """Label 1: B quotes a contiguous part of A with a word or two dropped (a noisy quote);
+    label 0: B is a span of the same length from a neighbouring speech of the same scene,
+    so topic and names do not give the answer away."""
     names = sorted(plays)
     rows = []
     while len(rows) < n:
-        play = rng.choice(names)
-        sp = plays[play]
-        i = rng.randrange(len(sp) - 1)
-        if sp[i][0] != sp[i + 1][0] or sp[i][1] == sp[i + 1][1]:
+        sp = plays[rng.choice(names)]
+        i = rng.randrange(2, len(sp) - 2)
+        words = sp[i][2].split()[:18]
+        if len(words) < 8:
             continue
-        a = clip(sp[i][2], 40)
         if len(rows) % 2 == 0:
-            b, label = clip(sp[i + 1][2], 40), "1"
+            lo = rng.randrange(0, len(words) // 3)
+            quote = words[lo:lo + rng.randint(len(words) // 2, len(words) - lo)]
+            for _ in range(rng.randint(1, 2)):
+                if len(quote) > 4:
+                    quote.pop(rng.randrange(1, len(quote) - 1))
+            b, label = " ".join(quote), "1"
         else:
-            other = rng.choice([p for p in names if p != play])
-            b, label = clip(rng.choice(plays[other])[2], 40), "0"
-        rows.append((a, b, label))
+            j = i + rng.choice([-2, -1, 1, 2])
+            if sp[j][0] != sp[i][0]:
+                continue
+            other = sp[j][2].split()
+            if len(other) < 6:
+                continue
+            lo = rng.randrange(0, max(1, len(other) - 6))
+            b, label = " ".join(other[lo:lo + rng.randint(5, 12)]), "0"
+        rows.append((" ".join(words), b, label))
     rng.shuffle(rows)
     return rows
 
@@ -90,7 +105,7 @@ def make_squad(plays, rng, n, version, prefix):
     while count < n:
         play = rng.choice(names)
         sp = plays[play]
-        k = rng.randint(4, 7)
+        k = rng.randint(3, 5)
         i = rng.randrange(len(sp) - k)
         window = sp[i:i + k]
         if len({s[0] for s in window}) != 1 or len({s[1] for s in window}) < 2:
@@ -98,11 +113,11 @@ def make_squad(plays, rng, n, version, prefix):
         context, starts = "", []
         for _, speaker, text in window:
             starts.append(len(context))
-            context += f"{speaker}: {clip(text, 45)}\n"
+            context += f"{speaker}: {clip(text, 16)}\n"
         context = context.rstrip("\n")
         j = rng.randrange(k)
         speaker, text = window[j][1], window[j][2]
-        quote = clip(text, rng.randint(5, 9))
+        quote = clip(text, rng.randint(4, 7))
         qas = [{"id": f"{prefix}{count}", "question": f"Who says '{quote}'?",
                 "answers": [{"text": speaker, "answer_start": starts[j]}]}]
         if version == "2.0":
@@ -112,7 +127,7 @@ def make_squad(plays, rng, n, version, prefix):
             if far and rng.random() < 0.5:
                 other = rng.choice(far)
                 qas.append({"id": f"{prefix}{count}n",
-                            "question": f"Who says '{clip(other[2], rng.randint(5, 9))}'?",
+                            "question": f"Who says '{clip(other[2], rng.randint(4, 7))}'?",
                             "answers": [], "is_impossible": True})
         count += 1
         articles.append({"title": play, "paragraphs": [{"context": context, "qas": qas}]})
@@ -164,10 +179,10 @@ def main():
     dev = {k: plays[k] for k in dev_names}
     for d in ("pairs", "squad", "conll"):
         os.makedirs(os.path.join(HERE, d), exist_ok=True)
-    write_tsv(os.path.join(HERE, "pairs", "train.tsv"), make_pairs(train, random.Random(1), 480))
+    write_tsv(os.path.join(HERE, "pairs", "train.tsv"), make_pairs(train, random.Random(1), 320))
     write_tsv(os.path.join(HERE, "pairs", "dev.tsv"), make_pairs(dev, random.Random(2), 200))
     for version in ("1.1", "2.0"):
-        for split, src, n, seed in (("train", train, 400, 3), ("dev", dev, 150, 4)):
+        for split, src, n, seed in (("train", train, 320, 3), ("dev", dev, 150, 4)):
             doc = make_squad(src, random.Random(seed), n, version, f"{split}-")
             with open(os.path.join(HERE, "squad", f"{split}-v{version}.json"), "w",
                       encoding="utf-8") as f:

