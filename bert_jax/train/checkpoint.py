@@ -2,7 +2,7 @@
 
     WORKDIR/checkpoints/<step>/state/    params, opt_state, step, rng key (orbax, sharded)
                               /data/     each process's input-iterator state
-                                         (bert_jax.data.state: process_<i>-of-<n>.npz)
+                                         (bert_jax.data.checkpointing: process_<i>-of-<n>.npz)
                               /config/   the run's config (JSON), for reading back a run
 
 Saves are asynchronous (the train loop goes on while the arrays are written) and atomic
@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax.data.state import InputStateRestore, InputStateSave
+from bert_jax.data.checkpointing import InputStateRestore, InputStateSave
 from bert_jax.train.state import TrainState
 
 ITEMS = ("state", "data", "config")

@@ -158,11 +158,11 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
 
     # --- state: resume, warm start, or fresh -----------------------------------------
     abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq_len, max_pred)
-    rng = jax.device_put(jax.random.key(int(config.train.seed)), rep)
+    # Built by a jitted function: device_put cannot target non-addressable devices.
+    rng = jax.jit(lambda: jax.random.key(int(config.train.seed)), out_shardings=rep)()
     resumed_from = checkpointer.latest_step()
     if resumed_from is not None:
         state, rng, _ = checkpointer.restore(abstract, train_data, rng_sharding=rep)
-        rng = jax.device_put(rng, rep)
         _info(is_main, f"resumed from {checkpointer.directory}/{resumed_from}")
     else:
         init_rng = jax.random.fold_in(rng, 0x5EED)

@@ -15,6 +15,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from bert_jax import sharding as sharding_lib
@@ -95,9 +96,12 @@ def init_state(model, tx, mesh, rules, rng, seq_len: int, max_predictions: int,
 def state_with_params(state: TrainState, params: Any, tx, shardings) -> TrainState:
     """`state` with `params` swapped in (a warm start) and a fresh optimizer state for them,
     placed on the state's shardings. `params` must have the state's tree structure."""
+    # Every process holds the whole host copy; each builds only its addressable shards
+    # (device_put cannot target other processes' devices).
     params = jax.tree_util.tree_map(
-        lambda x, ref: jnp.asarray(x, ref.dtype), params, state.params)
-    params = jax.device_put(params, shardings.params)
+        lambda x, ref, s: jax.make_array_from_callback(
+            ref.shape, s, lambda idx, x=np.asarray(x, ref.dtype): x[idx]),
+        params, state.params, shardings.params)
     opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
     return state.replace(params=params, opt_state=opt_state)
 

@@ -57,7 +57,7 @@ def warm_start(config, state, rng, abstract, shardings, tx, rng_sharding):
                                     f"{ckpt.directory}")
         if mode == "full":
             new_state, new_rng, _ = ckpt.restore(abstract, rng_sharding=rng_sharding)
-            return new_state, jax.device_put(new_rng, rng_sharding)
+            return new_state, new_rng
         params = ckpt.restore_params(abstract.params)
     finally:
         ckpt.close()

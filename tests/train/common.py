@@ -1,19 +1,43 @@
-"""Shared helpers for the training tests: a very small model config and hand-built batches."""
+"""Shared helpers for the training tests: a very small run config, hand-built batches and a
+deterministic in-memory batch source with the input pipeline's get_state / set_state."""
 
 from __future__ import annotations
 
 import numpy as np
 
-
-def tiny_config(**train_overrides):
-    """configs/bert_tiny.py shrunk to vocab 128, H 32, 2 layers, 4 heads (tensor=4 divides
-    heads), float32, no dropout: fast enough for subprocess tests."""
-    from configs import bert_tiny  # noqa: F401  (configs/ is a directory of plain files)
-    raise NotImplementedError
+VOCAB = 128
+LENGTH = 16
+PREDICTIONS = 4
 
 
-def random_batch(seed: int, batch: int, length: int = 16, predictions: int = 4,
-                 vocab: int = 128, padded_tail: bool = True) -> dict:
+def tiny_config(steps: int = 5, batch_size: int = 8, **sections):
+    """A run config small enough for subprocess tests: vocab 128, H 32, 2 layers, 4 heads
+    (tensor=4 divides heads and mlp), float32, no dropout, fixed lr (no warmup)."""
+    import ml_collections
+
+    from bert_jax.models.config import model_config
+    from bert_jax.train.config import add_training_sections
+
+    config = ml_collections.ConfigDict()
+    config.model = model_config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, intermediate_size=64,
+                                max_position_embeddings=64)
+    config.model.nsp = True
+    config.data = ml_collections.ConfigDict(dict(
+        source="memory", batch_size=batch_size, eval_batch_size=batch_size,
+        max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS))
+    add_training_sections(
+        config,
+        schedule=dict(lr=1e-3, warmup_steps=0, decay="constant"),
+        train=dict(steps=steps, log_every=1, eval_every=0, deterministic=True),
+        checkpoint=dict(every=1000, keep=3))
+    for name, overrides in sections.items():
+        getattr(config, name).update(overrides)
+    return config
+
+
+def random_batch(seed: int, batch: int, length: int = LENGTH, predictions: int = PREDICTIONS,
+                 vocab: int = VOCAB, padded_tail: bool = True) -> dict:
     """A valid pre-training batch with real padding: variable lengths, masked-LM slots with
     weight 0, both NSP labels. Deterministic in `seed`."""
     rs = np.random.RandomState(seed)
@@ -35,3 +59,44 @@ def random_batch(seed: int, batch: int, length: int = 16, predictions: int = 4,
     return dict(input_ids=input_ids, input_mask=input_mask, segment_ids=segment_ids,
                 masked_lm_positions=positions, masked_lm_ids=ids, masked_lm_weights=weights,
                 next_sentence_labels=rs.randint(0, 2, size=(batch, 1)).astype(np.int32))
+
+
+class MemorySource:
+    """Batch i of the global stream is random_batch(1000 + i); each process yields its own
+    contiguous rows of it. State: the index of the next batch."""
+
+    def __init__(self, batch_size: int, process_index: int = 0, process_count: int = 1):
+        self.batch_size, self.pi, self.pc = batch_size, process_index, process_count
+        self.index = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict:
+        full = random_batch(1000 + self.index, self.batch_size)
+        self.index += 1
+        rows = self.batch_size // self.pc
+        return {k: v[self.pi * rows:(self.pi + 1) * rows] for k, v in full.items()}
+
+    def get_state(self) -> dict:
+        from bert_jax.data.state import pack_meta
+
+        return {"index": np.asarray(self.index, np.int64), "meta": pack_meta({"kind": "memory"})}
+
+    def set_state(self, state: dict) -> None:
+        self.index = int(state["index"])
+
+
+def memory_data(config, workdir):  # noqa: ARG001  (make_train_data signature)
+    import jax
+
+    return MemorySource(int(config.data.batch_size), jax.process_index(), jax.process_count())
+
+
+def memory_eval_data(config, workdir):  # noqa: ARG001
+    import jax
+
+    n, pc, pi = int(config.data.eval_batch_size), jax.process_count(), jax.process_index()
+    rows = n // pc
+    return [{k: v[pi * rows:(pi + 1) * rows] for k, v in random_batch(7 + i, n).items()}
+            for i in range(2)]
