@@ -9,6 +9,7 @@ parsed batch; both raise `DataCheckError` listing every problem as
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 from typing import Iterable, Mapping, Sequence
 
@@ -21,6 +22,18 @@ MAX_LINES = 20
 
 class DataCheckError(ValueError):
     """Input records that do not match the config."""
+
+
+def group(problems: Sequence[tuple[str, str]]) -> list[str]:
+    """[(where, problem)] -> lines "<where>: <problem>", one per distinct problem (the first
+    place it occurs), with "(and N more records)" when it repeats."""
+    first: dict[str, str] = {}
+    counts: collections.Counter = collections.Counter()
+    for where, problem in problems:
+        first.setdefault(problem, where)
+        counts[problem] += 1
+    return [f"{first[p]}: {p}" + (f" (and {counts[p] - 1} more records)" if counts[p] > 1
+                                  else "") for p in first]
 
 
 def _raise(problems: list[str], what: str):
@@ -123,20 +136,20 @@ def check_files(files: Sequence[str], *, max_seq_length: int, max_predictions_pe
     problems = []
     for path, records, error in first_records(files, records_per_file):
         if error and not skip_unreadable:
-            problems.append(f"{path}: unreadable TFRecord file: {error}")
+            problems.append((path, f"unreadable TFRecord file: {error}"))
         if not records and not error:
-            problems.append(f"{path}: empty file (no records)")
+            problems.append((path, "empty file (no records)"))
         for i, record in enumerate(records):
             try:
                 decoded = decode_example(record)
             except Exception as e:  # a record that is not a tf.train.Example
-                problems.append(f"{path} record {i}: not a tf.train.Example ({e})")
+                problems.append((f"{path} record {i}", f"not a tf.train.Example ({e})"))
                 continue
             for p in check_record(decoded, max_seq_length=max_seq_length,
                                   max_predictions_per_seq=max_predictions_per_seq,
                                   vocab_size=vocab_size):
-                problems.append(f"{path} record {i}: {p}")
-    _raise(problems, f"input files do not match the config (max_seq_length={max_seq_length}, "
+                problems.append((f"{path} record {i}", p))
+    _raise(group(problems), f"input files do not match the config (max_seq_length={max_seq_length}, "
                      f"max_predictions_per_seq={max_predictions_per_seq}, "
                      f"vocab_size={vocab_size})")
 
