@@ -186,32 +186,35 @@ def assemble(src: np.ndarray, spec: np.ndarray, cfg: InstanceConfig, vi: VocabIn
              rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Token matrices for a batch of specs, masked. spec: <int64>[n, 5].
 
-    Returns input_ids/input_mask/segment_ids <int64>[n, max_seq_length],
-    masked_lm_positions/masked_lm_ids <int64>[n, max_predictions_per_seq],
-    masked_lm_weights <float32>[n, max_predictions_per_seq], next_sentence_labels <int64>[n],
+    Returns input_ids <int32>[n, max_seq_length], input_mask/segment_ids <uint8>[n, S],
+    masked_lm_positions/masked_lm_ids <int32>[n, max_predictions_per_seq],
+    masked_lm_weights <float32>[n, max_predictions_per_seq], next_sentence_labels <int32>[n],
     and `decision` <int8>[n, max_predictions_per_seq] (0 [MASK], 1 kept, 2 random, -1 pad).
     """
     n, S, P = len(spec), cfg.max_seq_length, cfg.max_predictions_per_seq
-    a_lo, la, b_lo, lb, nsp = (spec[:, i:i + 1] for i in range(5))
-    j = np.arange(S, dtype=np.int64)[None, :]
+    # int32 throughout: half the memory traffic of int64 on these [n, S] matrices.
+    spec32 = spec.astype(np.int32)
+    a_lo, la, b_lo, lb, nsp = (spec32[:, i:i + 1] for i in range(5))
+    j = np.arange(S, dtype=np.int32)[None, :]
     has_b = lb > 0
-    length = np.where(has_b, la + lb + 3, la + 2)  # [n, 1]
-    in_a = (j >= 1) & (j <= la)
+    length = la + 2 + np.where(has_b, lb + 1, 0)  # [n, 1]: [CLS] A [SEP] (B [SEP])
     b0 = la + 2
-    in_b = (j >= b0) & (j < b0 + lb)
-    idx = np.where(in_a, a_lo + j - 1, b_lo + j - b0)
-    text = in_a | in_b
-    ids = np.where(text, src[np.where(text, idx, 0)], vi.pad_id).astype(np.int64)
+    # Position j holds A[j - 1] for 1 <= j <= la, B[j - b0] for b0 <= j < length - 1.
+    text = (j >= 1) & (j < length - 1) & (j != la + 1)
+    idx = j + np.where(j <= la, a_lo - 1, b_lo - b0)
+    idx *= text  # padding and specials read src[0], overwritten next
+    ids = src[idx]
+    ids[~text] = vi.pad_id
     rows = np.arange(n)
     ids[:, 0] = vi.cls_id
     ids[rows, la[:, 0] + 1] = vi.sep_id
-    hb = has_b[:, 0]
-    ids[rows[hb], (length[:, 0] - 1)[hb]] = vi.sep_id
+    ids[rows, length[:, 0] - 1] = vi.sep_id
     input_mask = j < length
     segment_ids = (j >= b0) & input_mask & has_b
 
-    # Candidates: every real token but [CLS]/[SEP] (by id, as the original by string).
-    cand = input_mask & (ids != vi.cls_id) & (ids != vi.sep_id)
+    # Candidates: every text token but [CLS]/[SEP] ids (the original compares strings; a
+    # document [SEP] inside a --no_nsp instance is not a candidate either).
+    cand = text & (ids != vi.sep_id) & (ids != vi.cls_id)
     n_cand = cand.sum(1)
     # round() half-to-even on length * prob, as Python's round in the original.
     n_pred = np.minimum(P, np.maximum(1, np.rint(length[:, 0] * cfg.masked_lm_prob)))
@@ -221,7 +224,7 @@ def assemble(src: np.ndarray, spec: np.ndarray, cfg: InstanceConfig, vi: VocabIn
         chosen = _whole_word_choice(ids, cand, n_pred, P, vi, rng)
     else:
         keys = rng.random((n, S), dtype=np.float32)
-        keys[~cand] = 2.0  # never chosen before a candidate
+        np.putmask(keys, ~cand, 2.0)  # never chosen before a candidate
         k = min(P, S)
         part = np.argpartition(keys, k - 1, axis=1)[:, :k] if k < S else np.argsort(keys, 1)
         order = np.take_along_axis(keys, part, 1).argsort(1)
@@ -241,14 +244,14 @@ def assemble(src: np.ndarray, spec: np.ndarray, cfg: InstanceConfig, vi: VocabIn
     r, c = np.nonzero(valid)
     ids[r, positions[r, c]] = new[r, c]
     decision[~valid] = -1
-    return {
+    return {  # int32/uint8 suffice for the values; written as int64 features
         "input_ids": ids,
-        "input_mask": input_mask.astype(np.int64),
-        "segment_ids": segment_ids.astype(np.int64),
-        "masked_lm_positions": positions.astype(np.int64),
-        "masked_lm_ids": labels.astype(np.int64),
+        "input_mask": input_mask.view(np.uint8),
+        "segment_ids": segment_ids.view(np.uint8),
+        "masked_lm_positions": positions.astype(np.int32),
+        "masked_lm_ids": labels.astype(np.int32),
         "masked_lm_weights": valid.astype(np.float32),
-        "next_sentence_labels": nsp[:, 0].astype(np.int64),
+        "next_sentence_labels": nsp[:, 0].astype(np.int32),
         "decision": decision,
         "n_candidates": n_cand,
     }

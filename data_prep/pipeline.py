@@ -307,8 +307,12 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
             _init_worker(spec)
             results = (process_chunk(k, docs) + (nb,) for k, docs, nb in chunks)
         else:
-            method = "fork" if sys.platform.startswith("linux") else "spawn"
-            pool = mp.get_context(method).Pool(num_workers, _init_worker, (spec,))
+            if sys.platform.startswith("linux"):
+                # fork: workers inherit the loaded tokenizer (no re-import, no re-load).
+                _init_worker(spec)
+                pool = mp.get_context("fork").Pool(num_workers)
+            else:
+                pool = mp.get_context("spawn").Pool(num_workers, _init_worker, (spec,))
             results = _ordered_bounded(pool, chunks, 2 * num_workers)
         done_bytes = 0
         for _, blob, ends, st, nb in results:

@@ -75,45 +75,100 @@ def _bytes_needed(max_value: int) -> int:
     return int(_varint_len(np.array([max(max_value, 0)]))[0])
 
 
+def _varint_bytes(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append((v & 0x7F) | (0x80 if v >= 0x80 else 0))
+        v >>= 7
+        if not v:
+            return bytes(out)
+
+
+class _VarintTable:
+    """Varint encodings of 0..size-1 as lookup tables (one gather encodes a whole matrix)."""
+
+    def __init__(self, size: int):
+        x = np.arange(size, dtype=np.int64)[:, None]
+        self.bytes, self.valid = _varint_cols(x, _bytes_needed(size - 1))
+        self.width = self.bytes.shape[1]
+        self.len = self.valid.sum(1)
+
+
+_TABLES: dict[int, _VarintTable] = {}
+
+
+def _table(max_value: int) -> _VarintTable | None:
+    if max_value >= 1 << 22:  # beyond ~4M a table costs more than it saves
+        return None
+    size = 1 << max(int(max_value).bit_length(), 7)
+    if size not in _TABLES:
+        _TABLES[size] = _VarintTable(size)
+    return _TABLES[size]
+
+
+def _encode_ints(v: np.ndarray, max_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packed varint payload of each row: (bytes <uint8>[n, w], valid <bool>[n, w], len <[n]>)."""
+    n, k = v.shape
+    if v.size and (v.min() < 0 or v.max() > max_id):
+        if v.min() < 0:
+            raise ValueError("negative int64 values are not supported by the fast serializer")
+        raise ValueError(f"value {v.max()} is above max_id={max_id}; varint bytes too few")
+    hi = int(v.max()) if v.size else 0
+    if hi < 128:  # one byte each: masks, segment ids, labels, positions < 128
+        return v.astype(np.uint8), None, np.full(n, k, dtype=np.int64)
+    t = _table(max_id)
+    if t is None:
+        b, valid = _varint_cols(v, _bytes_needed(max_id))
+    else:
+        b = t.bytes[v].reshape(n, k * t.width)
+        valid = t.valid[v].reshape(n, k * t.width)
+    return b, valid, valid.sum(1)
+
+
 def serialize_examples(features: dict[str, np.ndarray], max_id: int) -> tuple[bytes, np.ndarray]:
     """TFRecord-framed `tf.train.Example`s for a batch.
 
-    features: the PRETRAIN_FEATURES names -> <int64 or float32>[n, length] (next_sentence_labels
+    features: the PRETRAIN_FEATURES names -> <int or float32>[n, length] (next_sentence_labels
     may be [n]); max_id: largest value any int64 feature can hold (e.g. vocab_size - 1).
     Returns (blob, ends): the framed records back to back and <int64>[n] end offsets.
     """
     n = len(features["input_ids"])
     if n == 0:
         return b"", np.zeros(0, dtype=np.int64)
-    id_bytes = _bytes_needed(max_id)
-    parts: list[tuple[np.ndarray, np.ndarray]] = []  # (bytes, valid) column blocks
-    entry_lens = []
-    entry_blocks = []
+    # Column blocks of the record matrix: (bytes [n, w] or bytes constant, valid or None).
+    blocks: list = []
+    features_len = np.zeros(n, dtype=np.int64)
     for name, (dtype, _) in PRETRAIN_FEATURES.items():
-        v = features[name]
+        v = np.asarray(features[name])
         if v.ndim == 1:
             v = v[:, None]
         if dtype == "float":
-            payload = (np.ascontiguousarray(v, dtype="<f4").view(np.uint8).reshape(n, -1),
-                       np.ones((n, v.shape[1] * 4), dtype=bool))
-            plen = np.full(n, v.shape[1] * 4, dtype=np.int64)
-            list_tag = b"\x12"
+            payload = np.ascontiguousarray(v, dtype="<f4").view(np.uint8).reshape(n, -1)
+            valid, plen = None, np.full(n, payload.shape[1], dtype=np.int64)
+            list_tag = 0x12
         else:
-            payload = _varint_cols(v, id_bytes)
-            plen = payload[1].sum(1)
-            list_tag = b"\x1a"
-        list_len = 1 + _varint_len(plen) + plen             # 0x0A varint(plen) payload
-        feat_len = 1 + _varint_len(list_len) + list_len     # tag varint(list_len) list
+            payload, valid, plen = _encode_ints(v, max_id)
+            list_tag = 0x1A
         key = name.encode()
-        key_hdr = b"\x0a" + bytes([len(key)]) + key + b"\x12"
-        entry_len = len(key_hdr) + _varint_len(feat_len) + feat_len
-        entry_lens.append(entry_len)
-        entry_blocks.append([
-            _const(n, b"\x0a"), _varint_cols(entry_len[:, None], 5),
-            _const(n, key_hdr), _varint_cols(feat_len[:, None], 5),
-            _const(n, list_tag), _varint_cols(list_len[:, None], 5),
-            _const(n, b"\x0a"), _varint_cols(plen[:, None], 5), payload])
-    features_len = sum(1 + _varint_len(e) + e for e in entry_lens)
+        if (plen == plen[0]).all():  # the whole entry header is one constant
+            p0 = int(plen[0])
+            lst = b"\x0a" + _varint_bytes(p0)
+            feat = bytes([list_tag]) + _varint_bytes(len(lst) + p0) + lst
+            entry = b"\x0a" + bytes([len(key)]) + key + b"\x12" + _varint_bytes(len(feat) + p0) + feat
+            head = b"\x0a" + _varint_bytes(len(entry) + p0) + entry
+            blocks.append((head, None))
+            features_len += len(head) + p0
+        else:
+            list_len = 1 + _varint_len(plen) + plen             # 0x0A varint(plen) payload
+            feat_len = 1 + _varint_len(list_len) + list_len     # tag varint(list_len) list
+            key_hdr = b"\x0a" + bytes([len(key)]) + key + b"\x12"
+            entry_len = len(key_hdr) + _varint_len(feat_len) + feat_len
+            blocks += [(b"\x0a", None), _varint_cols(entry_len[:, None], 5),
+                       (key_hdr, None), _varint_cols(feat_len[:, None], 5),
+                       (bytes([list_tag]), None), _varint_cols(list_len[:, None], 5),
+                       (b"\x0a", None), _varint_cols(plen[:, None], 5)]
+            features_len += 1 + _varint_len(entry_len) + entry_len
+        blocks.append((payload, valid))
     example_len = 1 + _varint_len(features_len) + features_len
     # TFRecord header: uint64 length + masked crc32c of those 8 bytes.
     hdr = np.empty((n, 12), dtype=np.uint8)
@@ -123,14 +178,17 @@ def serialize_examples(features: dict[str, np.ndarray], max_id: int) -> tuple[by
     hdr_crc = np.array([masked_crc32c(struct.pack("<Q", int(v))) for v in uniq],
                        dtype=np.uint32)[inverse]
     hdr[:, 8:] = hdr_crc.astype("<u4").view(np.uint8).reshape(n, 4)
-    parts.append((hdr, np.ones((n, 12), dtype=bool)))
-    parts.append(_const(n, b"\x0a"))
-    parts.append(_varint_cols(features_len[:, None], 5))
-    for blocks in entry_blocks:
-        parts.extend(blocks)
-    parts.append((np.zeros((n, 4), dtype=np.uint8), np.ones((n, 4), dtype=bool)))  # data crc
-    mat = np.concatenate([p[0] for p in parts], axis=1)
-    valid = np.concatenate([p[1] for p in parts], axis=1)
+    blocks = [(hdr, None), (b"\x0a", None), _varint_cols(features_len[:, None], 5)] + blocks
+    blocks.append((bytes(4), None))  # room for the data crc
+    # Merge runs of constants, then lay the blocks side by side.
+    cols, masks = [], []
+    for b, valid in blocks:
+        if isinstance(b, bytes):
+            b = np.broadcast_to(np.frombuffer(b, dtype=np.uint8), (n, len(b)))
+        cols.append(b)
+        masks.append(np.ones(b.shape, dtype=bool) if valid is None else valid)
+    mat = np.concatenate(cols, axis=1)
+    valid = np.concatenate(masks, axis=1)
     flat = mat[valid]
     rec_len = example_len + 16
     ends = np.cumsum(rec_len)
