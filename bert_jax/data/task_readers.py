@@ -172,6 +172,9 @@ def read_glue(task: str, split: str, data_dir: Optional[str] = None,
     return _read_glue_tfds(task, split, tfds_data_dir, labeled)
 
 
+_TFDS_LABEL_BY_NAME = ("mnli", "qnli", "rte", "ax")
+
+
 def _read_glue_tfds(task, split, tfds_data_dir, labeled) -> list[PairExample]:
     import tensorflow_datasets as tfds
 
@@ -186,10 +189,14 @@ def _read_glue_tfds(task, split, tfds_data_dir, labeled) -> list[PairExample]:
         label = None
         if labeled:
             value = ex["label"]
-            # tfds orders MNLI labels differently from the TSVs: go through the names.
-            label = (f"{float(value):g}" if task == "stsb"
-                     else label_feature.int2str(int(value)) if label_feature.names != ["0", "1"]
-                     else str(int(value)))
+            if task == "stsb":
+                label = f"{float(value):g}"
+            elif task in _TFDS_LABEL_BY_NAME:
+                # tfds orders MNLI's labels differently from the TSVs: go through the names.
+                label = label_feature.int2str(int(value))
+            else:
+                # Binary tasks: tfds ids are the TSVs' 0/1 (its names are only descriptive).
+                label = str(int(value))
         out.append(PairExample(str(int(ex["idx"])), ex[a].decode("utf-8"),
                                ex[b].decode("utf-8") if b else None, label))
     return out
@@ -300,6 +307,11 @@ def read_conll_tfds(split: str, tfds_data_dir=None) -> list[NerExample]:
     builder = tfds.builder("conll2003", data_dir=tfds_data_dir)
     names = builder.info.features["ner"].feature.names
     ds = builder.as_dataset(split={"train": "train", "dev": "dev", "test": "test"}[split])
-    return [NerExample(str(i), tuple(w.decode("utf-8") for w in ex["tokens"]),
-                       tuple(names[int(t)] for t in ex["ner"]))
-            for i, ex in enumerate(tfds.as_numpy(ds))]
+    out = []
+    for i, ex in enumerate(tfds.as_numpy(ds)):
+        if len(ex["tokens"]) != len(ex["ner"]):
+            raise DataError(f"tfds conll2003:{split}: example {i} has {len(ex['tokens'])} "
+                            f"tokens but {len(ex['ner'])} tags")
+        out.append(NerExample(str(i), tuple(w.decode("utf-8") for w in ex["tokens"]),
+                              tuple(names[int(t)] for t in ex["ner"])))
+    return out

@@ -192,3 +192,19 @@ def test_every_glue_config_builds_its_task():
                 t.max_answer_length) == (384, 128, 64, 20, 30)
         assert t.version == v
     assert task_from_config(_load_config("ner").get_config()).labels[0] == "O"
+
+
+@pytest.mark.slow  # ~60 s: tfds import and mock generation
+def test_tfds_readers_on_mock_data():
+    """tfds glue/* through tfds' mock data (random text, the real feature specs):
+    field names, MNLI's by-name label mapping, unlabeled test splits."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    with tfds.testing.mock_data(num_examples=3, policy=tfds.testing.MockPolicy.USE_CODE):
+        mnli = readers.read_glue("mnli", "dev_matched")
+        assert len(mnli) == 3 and all(e.label in glue.GLUE_TASKS["mnli"].labels for e in mnli)
+        assert all(e.text_b is not None for e in mnli)
+        cola = readers.read_glue("cola", "dev")
+        assert all(e.label in ("0", "1") and e.text_b is None for e in cola)
+        stsb = readers.read_glue("stsb", "dev")
+        assert all(0.0 <= float(e.label) <= 5.0 for e in stsb)
+        assert all(e.label is None for e in readers.read_glue("qnli", "test"))
