@@ -85,13 +85,19 @@ def _varint_bytes(v: int) -> bytes:
 
 
 class _VarintTable:
-    """Varint encodings of 0..size-1 as lookup tables (one gather encodes a whole matrix)."""
+    """Varints of 0..size-1 packed in uint32 words (bytes, and 0x01 where a byte is used):
+    one 1-D `np.take` encodes a whole matrix of ids."""
 
     def __init__(self, size: int):
         x = np.arange(size, dtype=np.int64)[:, None]
-        self.bytes, self.valid = _varint_cols(x, _bytes_needed(size - 1))
-        self.width = self.bytes.shape[1]
-        self.len = self.valid.sum(1)
+        b, valid = _varint_cols(x, 4)
+        self.bytes = np.zeros((size, 4), np.uint8)
+        self.bytes[:, :b.shape[1]] = b
+        self.valid = np.zeros((size, 4), np.uint8)
+        self.valid[:, :b.shape[1]] = valid
+        self.bytes = self.bytes.view("<u4")[:, 0].copy()
+        self.valid = self.valid.view("<u4")[:, 0].copy()
+        self.len = valid.sum(1).astype(np.uint8)
 
 
 _TABLES: dict[int, _VarintTable] = {}
@@ -119,10 +125,10 @@ def _encode_ints(v: np.ndarray, max_id: int) -> tuple[np.ndarray, np.ndarray, np
     t = _table(max_id)
     if t is None:
         b, valid = _varint_cols(v, _bytes_needed(max_id))
-    else:
-        b = t.bytes[v].reshape(n, k * t.width)
-        valid = t.valid[v].reshape(n, k * t.width)
-    return b, valid, valid.sum(1)
+        return b, valid, valid.sum(1)
+    b = np.take(t.bytes, v).view(np.uint8).reshape(n, 4 * k)
+    valid = np.take(t.valid, v).view(bool).reshape(n, 4 * k)
+    return b, valid, np.take(t.len, v).sum(1, dtype=np.int64)
 
 
 def serialize_examples(features: dict[str, np.ndarray], max_id: int) -> tuple[bytes, np.ndarray]:
