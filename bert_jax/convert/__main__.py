@@ -107,7 +107,7 @@ def cmd_verify(a):
 
     try:
         diffs = verify.verify(a.checkpoint, a.reference, length=a.length)
-    except ImportError as e:
+    except (ImportError, RuntimeError) as e:  # reference side absent, or it failed
         raise SystemExit(f"error: {e}")
     width = max(len(k) for k in diffs)
     for k, v in diffs.items():

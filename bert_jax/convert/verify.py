@@ -77,29 +77,25 @@ def run_ours(params: Mapping, config: BertConfig, batch: Mapping) -> dict[str, n
 
 
 def run_hf(directory: str, batch: Mapping, heads: tuple[str, ...]) -> dict[str, np.ndarray]:
-    try:
-        import torch
-        import transformers
-    except ImportError:
-        raise ImportError(REF_MISSING["hf"]) from None
-    t = {k: torch.tensor(np.asarray(v, np.int64)) for k, v in batch.items()}
-    with torch.no_grad():
-        if "mlm" in heads:
-            cls = transformers.BertForPreTraining if "nsp" in heads else transformers.BertForMaskedLM
-            model = cls.from_pretrained(directory, attn_implementation="eager").eval()
-            res = model(**t)
-            bert = model.bert
-        else:
-            bert = transformers.BertModel.from_pretrained(directory,
-                                                          attn_implementation="eager").eval()
-        enc = bert(**t)
-        out = {"sequence_output": enc.last_hidden_state.numpy(),
-               "pooled_output": enc.pooler_output.numpy()}
-        if "mlm" in heads:
-            out["mlm_logits"] = (res.prediction_logits if "nsp" in heads else res.logits).numpy()
-        if "nsp" in heads:
-            out["nsp_logits"] = res.seq_relationship_logits.numpy()
-    return out
+    """transformers' BertModel / BertForPreTraining on `batch`, in a child process (see
+    hf_reference.py: torch and TensorFlow cannot share one)."""
+    import importlib.util
+    import subprocess
+    import sys
+    import tempfile
+
+    if any(importlib.util.find_spec(m) is None for m in ("torch", "transformers")):
+        raise ImportError(REF_MISSING["hf"])
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, out = os.path.join(tmp, "batch.npz"), os.path.join(tmp, "out.npz")
+        np.savez(inp, **batch)
+        r = subprocess.run([sys.executable, "-m", "bert_jax.convert.hf_reference", directory,
+                            inp, out, ",".join(heads)], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"the transformers reference failed on {directory}:\n"
+                               f"{r.stderr[-3000:]}")
+        with np.load(out) as f:
+            return {k: f[k] for k in f.files}
 
 
 def run_tf(prefix: str, config: BertConfig, batch: Mapping, heads: tuple[str, ...]):

@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.convert import extract, model_dir
 from bert_jax.data.tokenization import load_tokenizer
-from tests.convert.conftest import HERE, max_diff, run_encoder
+from tests.convert.helpers import HERE, max_diff, run_encoder
 
 REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 # The sentences of tests/goldens/make_goldens.py (SINGLES, then PAIRS as "A ||| B").

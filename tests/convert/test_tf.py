@@ -12,7 +12,7 @@ from bert_jax.convert import tf as tfc
 from bert_jax.convert.__main__ import main
 from bert_jax.convert.tensors import ConversionError
 from bert_jax.models.config import BertConfig
-from tests.convert.conftest import (hf_state_to_tf, max_diff, run_encoder,
+from tests.convert.helpers import (hf_state_to_tf, max_diff, run_encoder,
                                     write_tf1_checkpoint)
 
 tf = pytest.importorskip("tensorflow")
