@@ -8,7 +8,8 @@ MNLI: dev_matched / dev_mismatched / test_matched / test_mismatched) or, with no
 from tensorflow-datasets `glue/<task>`. "tsv" is a generic format: a header with sentence1,
 (sentence2,) label columns, test.tsv with index + sentences.
 
-Test-set predictions are written in the GLUE submission format: `<Name>.tsv` with a header
+Test-set predictions are written in the GLUE submission format (MNLI with eval_test also
+predicts the diagnostic set, AX.tsv): `<Name>.tsv` with a header
 `index<TAB>prediction`, one line per test example, labels as strings (STS-B: the score,
 clipped to [0, 5]).
 """
@@ -126,7 +127,22 @@ class GlueTask:
             labeled = not split.startswith("test")
             sets.append(EvalSet(split, self._features(split, examples, tokenizer), examples,
                                 labeled))
+        if self.name == "mnli" and self.eval_test:
+            ax = self._read_ax()
+            if ax is not None:
+                sets.append(EvalSet("test_ax", classification.convert_examples(
+                    ax, tokenizer, self.max_seq_length, self.labels, "diagnostic"), ax, False))
         return sets
+
+    def _read_ax(self):
+        """GLUE's diagnostic set (AX.tsv in a submission), predicted by the MNLI model:
+        glue_data/diagnostic/diagnostic.tsv beside the MNLI directory, or tfds glue/ax."""
+        if self.data_dir:
+            ax_dir = os.path.join(os.path.dirname(os.path.abspath(self.data_dir)), "diagnostic")
+            if not os.path.isfile(os.path.join(ax_dir, "diagnostic.tsv")):
+                return None
+            return readers.read_glue("ax", "test", ax_dir)
+        return readers.read_glue("ax", "test", None, self.tfds_data_dir)
 
     # --- step side (jnp) -------------------------------------------------------------
 
@@ -159,7 +175,9 @@ class GlueTask:
         """Test split -> the GLUE submission file; dev split -> dev_predictions-<split>.tsv
         (same format) for error analysis."""
         preds = self.predictions(kept)
-        if eval_set.name.startswith("test"):
+        if eval_set.name == "test_ax":
+            stem = "AX"
+        elif eval_set.name.startswith("test"):
             stem = self.spec.submission[self.spec.test_splits.index(eval_set.name)]
         else:
             stem = f"dev_predictions-{eval_set.name}"

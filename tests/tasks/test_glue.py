@@ -208,3 +208,36 @@ def test_tfds_readers_on_mock_data():
         stsb = readers.read_glue("stsb", "dev")
         assert all(0.0 <= float(e.label) <= 5.0 for e in stsb)
         assert all(e.label is None for e in readers.read_glue("qnli", "test"))
+
+
+def test_mnli_test_sets_and_ax_submission_files(tmp_path, tok):
+    """MNLI with eval_test: matched/mismatched dev scored, test_matched/mismatched and the
+    diagnostic set (beside the MNLI directory, as glue_data/ lays them out) predicted into
+    MNLI-m.tsv, MNLI-mm.tsv and AX.tsv."""
+    mnli, ax = tmp_path / "MNLI", tmp_path / "diagnostic"
+    mnli.mkdir()
+    ax.mkdir()
+    head = "index\tsentence1\tsentence2\tgold_label\n"
+    for split in ("train", "dev_matched", "dev_mismatched"):
+        (mnli / f"{split}.tsv").write_text(head + "0\tA cat.\tAn animal.\tentailment\n"
+                                           "1\tA dog.\tNo dog.\tcontradiction\n")
+    for split in ("test_matched", "test_mismatched"):
+        (mnli / f"{split}.tsv").write_text("index\tsentence1\tsentence2\n5\tA.\tB.\n")
+    (ax / "diagnostic.tsv").write_text("index\tsentence1\tsentence2\n0\tX.\tY.\n1\tZ.\tW.\n")
+    task = glue.GlueTask("mnli", data_dir=str(mnli), max_seq_length=16, eval_test=True)
+    sets = task.eval_sets(tok)
+    assert [s.name for s in sets] == ["dev_matched", "dev_mismatched", "test_matched",
+                                      "test_mismatched", "test_ax"]
+    written = []
+    for s in sets:
+        n = len(s.examples)
+        kept = {"logits": np.tile([0.0, 0.0, 1.0], (n, 1)).astype(np.float32),
+                "example_index": s.features["example_index"]}
+        if s.labeled:
+            assert task.evaluate(s, kept)["accuracy"] == 0.0  # all "neutral"
+        written += task.write_predictions(s, kept, str(tmp_path / "out"))
+    names = sorted(p.rsplit("/", 1)[1] for p in written)
+    assert names == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "dev_predictions-dev_matched.tsv",
+                     "dev_predictions-dev_mismatched.tsv"]
+    assert (tmp_path / "out" / "AX.tsv").read_text() == "index\tprediction\n0\tneutral\n1\tneutral\n"
+    assert (tmp_path / "out" / "MNLI-mm.tsv").read_text() == "index\tprediction\n5\tneutral\n"
