@@ -82,8 +82,12 @@ def _open_weights(directory: str) -> tuple[dict[str, tuple], Callable[[str], np.
                 files = sorted(set(json.load(f)["weight_map"].values()))
         state = {}
         for name in files:
-            state.update(torch.load(os.path.join(directory, name), map_location="cpu",
-                                    weights_only=True, mmap=True))
+            path = os.path.join(directory, name)
+            try:  # memory-mapped: only the tensors we read are paged in
+                part = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError:  # the pre-1.6 (non-zip) format cannot be memory-mapped
+                part = torch.load(path, map_location="cpu", weights_only=True)
+            state.update(part)
 
         def load(name):
             t = state[name]
