@@ -186,15 +186,16 @@ def serialize_examples(features: dict[str, np.ndarray], max_id: int) -> tuple[by
     hdr[:, 8:] = hdr_crc.astype("<u4").view(np.uint8).reshape(n, 4)
     blocks = [(hdr, None), (b"\x0a", None), _varint_cols(features_len[:, None], 5)] + blocks
     blocks.append((bytes(4), None))  # room for the data crc
-    # Merge runs of constants, then lay the blocks side by side.
-    cols, masks = [], []
-    for b, valid in blocks:
-        if isinstance(b, bytes):
-            b = np.broadcast_to(np.frombuffer(b, dtype=np.uint8), (n, len(b)))
-        cols.append(b)
-        masks.append(np.ones(b.shape, dtype=bool) if valid is None else valid)
-    mat = np.concatenate(cols, axis=1)
-    valid = np.concatenate(masks, axis=1)
+    # Lay the blocks side by side in one matrix; `valid` marks the bytes records keep.
+    widths = [len(b) if isinstance(b, bytes) else b.shape[1] for b, _ in blocks]
+    mat = np.empty((n, sum(widths)), dtype=np.uint8)
+    valid = np.ones(mat.shape, dtype=bool)
+    col = 0
+    for (b, v), w in zip(blocks, widths):
+        mat[:, col:col + w] = np.frombuffer(b, dtype=np.uint8) if isinstance(b, bytes) else b
+        if v is not None:
+            valid[:, col:col + w] = v
+        col += w
     flat = mat[valid]
     rec_len = example_len + 16
     ends = np.cumsum(rec_len)
