@@ -107,4 +107,4 @@ def state_with_params(state: TrainState, params: Any, tx, shardings) -> TrainSta
 
 
 def param_norm(params) -> jax.Array:
-    return optax.global_norm(params)
+    return optax.tree.norm(params)

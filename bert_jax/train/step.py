@@ -116,7 +116,7 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
         (loss, sums, grads), _ = jax.lax.scan(
             body, init, (jnp.arange(accum_steps), micro))
 
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -129,7 +129,7 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
         "train/mlm_loss": sums["mlm_loss_sum"] / mlm_total,
         "train/mlm_acc": sums["mlm_correct"] / mlm_total,
         "train/grad_norm": grad_norm,
-        "train/param_norm": optax.global_norm(new_state.params),
+        "train/param_norm": optax.tree.norm(new_state.params),
         "train/lr": jnp.asarray(schedule(state.step), jnp.float32),
         "train/nonfinite": (~ok).astype(jnp.float32),
     }

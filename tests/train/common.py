@@ -15,6 +15,7 @@ def tiny_config(steps: int = 5, batch_size: int = 8, **sections):
     (tensor=4 divides heads and mlp), float32, no dropout, fixed lr (no warmup)."""
     import ml_collections
 
+    from bert_jax.data.pretrain import data_config
     from bert_jax.models.config import model_config
     from bert_jax.train.config import add_training_sections
 
@@ -23,9 +24,11 @@ def tiny_config(steps: int = 5, batch_size: int = 8, **sections):
                                 num_attention_heads=4, intermediate_size=64,
                                 max_position_embeddings=64)
     config.model.nsp = True
-    config.data = ml_collections.ConfigDict(dict(
-        source="memory", batch_size=batch_size, eval_batch_size=batch_size,
-        max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS))
+    # source="synthetic" for launch/train.py runs; in-process tests pass memory_data.
+    config.data = data_config(
+        source="synthetic", batch_size=batch_size, eval_batch_size=batch_size,
+        max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS, vocab_size=VOCAB,
+        cls_id=2, sep_id=3, mask_id=4)
     add_training_sections(
         config,
         schedule=dict(lr=1e-3, warmup_steps=0, decay="constant"),
