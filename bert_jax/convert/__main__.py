@@ -43,19 +43,26 @@ def cmd_from_tf(a):
     from bert_jax.convert import model_dir
     from bert_jax.convert import tf as tfc
 
+    import tempfile
+
+    import tensorflow as tf
+
     _refuse_existing(a.output)
+    # Inputs go through tf.io.gfile: the published checkpoints can be read from gs://.
     config_path = a.config or os.path.join(
         os.path.dirname(tfc.checkpoint_prefix(a.checkpoint)), tfc.CONFIG_NAME)
-    if not os.path.isfile(config_path):
-        raise SystemExit(f"error: {config_path} not found; pass --config=…/bert_config.json")
     config = tfc.read_config(config_path)
     vocab = a.vocab_file
     if vocab is None:
         guess = os.path.join(os.path.dirname(config_path), "vocab.txt")
-        vocab = guess if os.path.isfile(guess) else None
-    _vocab_check(vocab, config, config_path)
-    params, report = tfc.read_checkpoint(a.checkpoint, config, progress=True)
-    model_dir.save_model_dir(a.output, params, config, vocab_file=vocab)
+        vocab = guess if tf.io.gfile.exists(guess) else None
+    with tempfile.TemporaryDirectory() as tmp:
+        if vocab and "://" in vocab:
+            tf.io.gfile.copy(vocab, os.path.join(tmp, "vocab.txt"))
+            vocab = os.path.join(tmp, "vocab.txt")
+        _vocab_check(vocab, config, config_path)
+        params, report = tfc.read_checkpoint(a.checkpoint, config, progress=True)
+        model_dir.save_model_dir(a.output, params, config, vocab_file=vocab)
     print(report.summary())
     print(f"wrote {a.output} ({_count(params)} parameters"
           f"{', with vocab.txt' if vocab else ', no vocab.txt (pass --vocab_file)'})")

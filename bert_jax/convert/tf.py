@@ -108,8 +108,18 @@ def is_training_state(name: str) -> bool:
 
 
 def read_config(path: str) -> BertConfig:
-    """A bert_config.json (original keys; a layer_norm_eps of ours is honoured)."""
-    return BertConfig.from_json_file(path, ignore=HF_CONFIG_EXTRA_KEYS)
+    """A bert_config.json (original keys; a layer_norm_eps of ours is honoured). Read
+    through tf.io.gfile, so gs:// paths of the published checkpoints work too."""
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(path):
+        raise FileNotFoundError(f"{path} not found; pass --config=…/bert_config.json")
+    with tf.io.gfile.GFile(path, "r") as f:
+        try:
+            d = json.load(f)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from e
+    return BertConfig.from_dict(d, ignore=HF_CONFIG_EXTRA_KEYS, source=path)
 
 
 def config_to_tf(config: BertConfig) -> dict:
@@ -129,11 +139,12 @@ def checkpoint_prefix(path: str) -> str:
     holding one; returns the prefix. Errors name what was looked for."""
     import tensorflow as tf
 
-    if os.path.isdir(path):
+    gfile = tf.io.gfile  # local paths and gs:// alike
+    if gfile.isdir(path):
         latest = tf.train.latest_checkpoint(path)
         if latest:
             return latest
-        candidates = sorted(f[:-len(".index")] for f in os.listdir(path) if f.endswith(".index"))
+        candidates = sorted(f[:-len(".index")] for f in gfile.listdir(path) if f.endswith(".index"))
         if len(candidates) == 1:
             return os.path.join(path, candidates[0])
         raise FileNotFoundError(f"{path}: no TF checkpoint found (expected a *.index file "
@@ -141,7 +152,7 @@ def checkpoint_prefix(path: str) -> str:
     for suffix in (".index", ".meta", ".data-00000-of-00001"):
         if path.endswith(suffix):
             path = path[:-len(suffix)]
-    if not os.path.exists(path + ".index"):
+    if not gfile.exists(path + ".index"):
         raise FileNotFoundError(f"{path}.index not found: --checkpoint must be a TF checkpoint "
                                 f"prefix such as …/bert_model.ckpt")
     return path

@@ -174,6 +174,9 @@ def test_cli_refuses_wrong_vocab_and_existing_output(minilm_tf1, minilm_dir, tmp
     (tmp_path / "taken").mkdir()
     with pytest.raises(SystemExit, match="already exists"):
         main(["from-tf", f"--checkpoint={minilm_tf1}", f"--output={tmp_path / 'taken'}"])
+    with pytest.raises(SystemExit, match="nope.json not found; pass --config"):
+        main(["from-tf", f"--checkpoint={minilm_tf1}", f"--config={tmp_path / 'nope.json'}",
+              f"--output={tmp_path / 'o1'}"])
     with pytest.raises(SystemExit, match="bert_model.ckpt.index not found"):
         main(["from-tf", f"--checkpoint={tmp_path / 'bert_model.ckpt'}",
               f"--config={minilm_tf1 / 'bert_config.json'}", f"--output={tmp_path / 'o2'}"])
