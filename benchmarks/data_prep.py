@@ -4,8 +4,11 @@ Builds the benchmark corpus in a temp dir - ../shared/corpus in BERT's input for
 (data_prep/prepare_corpus.py), repeated --repeat times (4: ~19 MB, so start-up is a small
 part of the run) - then runs the CLI as a subprocess with the BERT uncased vocab, seq 128,
 max_predictions 20, dupe_factor 5, for each --workers value, and prints instances/s,
-input MB/s, CPU seconds and peak RSS (the whole process tree: main + workers, sampled every
-20 ms with psutil; and the largest single process).
+input MB/s, CPU seconds (the CLI and its workers, from RUSAGE_CHILDREN), instances per
+CPU-second (what a run would reach with the cores to itself), and peak memory of the whole
+process tree (main + workers, sampled every 20 ms with psutil: RSS summed, which counts
+pages shared by the forked workers several times; PSS summed, which counts them once;
+and the largest single process).
 
     python benchmarks/data_prep.py                      # 1 and 2 workers on the 4x corpus
     python benchmarks/data_prep.py --workers=2 --repeat=1,4   # memory must not grow
@@ -70,17 +73,20 @@ def run_one(corpus: str, out: str, workers: int) -> dict:
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     ps = psutil.Process(proc.pid)
-    peak_tree = peak_one = 0
+    peak_tree = peak_one = peak_pss = 0
     while proc.poll() is None:
         try:
             procs = [ps] + ps.children(recursive=True)
-            rss = []
+            rss, pss = [], []
             for p in procs:
                 try:
-                    rss.append(p.memory_info().rss)
-                except psutil.NoSuchProcess:
+                    m = p.memory_full_info()  # PSS: shared (forked) pages counted once
+                    rss.append(m.rss)
+                    pss.append(m.pss)
+                except (psutil.NoSuchProcess, psutil.AccessDenied):
                     pass
             peak_tree = max(peak_tree, sum(rss))
+            peak_pss = max(peak_pss, sum(pss))
             peak_one = max(peak_one, max(rss, default=0))
         except psutil.NoSuchProcess:
             break
@@ -93,7 +99,7 @@ def run_one(corpus: str, out: str, workers: int) -> dict:
     ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (ru1.ru_utime + ru1.ru_stime) - (ru0.ru_utime + ru0.ru_stime)
     n = int(stdout.split("instances")[1].split()[0].replace(",", ""))
-    return {"instances": n, "wall": wall, "cpu": cpu, "peak_tree": peak_tree,
+    return {"instances": n, "wall": wall, "cpu": cpu, "peak_tree": peak_tree, "peak_pss": peak_pss,
             "peak_one": peak_one, "summary": stdout}
 
 
@@ -103,7 +109,8 @@ def main(argv):
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} "
           "(others share it: timings are noisy)")
     print(f"{'corpus':>8} {'MB':>6} {'workers':>7} {'instances':>10} {'wall s':>7} "
-          f"{'inst/s':>8} {'MB/s':>6} {'CPU s':>6} {'peak RSS tree':>14} {'largest proc':>13}")
+          f"{'inst/s':>8} {'MB/s':>6} {'CPU s':>6} {'inst/CPU-s':>10} {'peak RSS sum':>13} "
+          f"{'peak PSS sum':>13} {'largest RSS':>12}")
     for rep in map(int, FLAGS.repeat):
         corpus = build_corpus(tmp, rep)
         mb = os.path.getsize(corpus) / 1e6
@@ -111,7 +118,8 @@ def main(argv):
             r = run_one(corpus, os.path.join(tmp, f"out_x{rep}_w{w}.tfrecord"), w)
             print(f"{'x%d' % rep:>8} {mb:6.1f} {w:7d} {r['instances']:10,d} {r['wall']:7.2f} "
                   f"{r['instances'] / r['wall']:8,.0f} {mb / r['wall']:6.2f} {r['cpu']:6.1f} "
-                  f"{r['peak_tree'] / 2**20:11.0f} MB {r['peak_one'] / 2**20:10.0f} MB",
+                  f"{r['instances'] / r['cpu']:10,.0f} {r['peak_tree'] / 2**20:10.0f} MB "
+                  f"{r['peak_pss'] / 2**20:10.0f} MB {r['peak_one'] / 2**20:9.0f} MB",
                   flush=True)
     if not FLAGS.keep:
         import shutil
