@@ -54,8 +54,9 @@ flags.DEFINE_float("short_seq_prob", 0.1,
                    "Probability of a shorter-than-maximum target length.")
 flags.DEFINE_integer("num_workers", None, "Worker processes (default: all cores).")
 flags.DEFINE_bool("no_nsp", False,
-                  "Pack full sentences up to max_seq_length with no NSP pair (RoBERTa's "
-                  "FULL-SENTENCES); next_sentence_labels is then always 0.")
+                  "Pack whole sentences up to max_seq_length with no NSP pair (RoBERTa's "
+                  "FULL-SENTENCES, an extra [SEP] between documents; short_seq_prob still "
+                  "applies); segment_ids and next_sentence_labels are then always 0.")
 flags.DEFINE_float("chunk_size_mb", 1.0,
                    "Text per chunk: the memory bound, and the pool NSP draws random B "
                    "sentences from. Part of the output's identity (like the seed).")

@@ -82,21 +82,27 @@ class Stats:
 
 # ----------------------------------------------------------------------------- reading
 
-class _ReplaceCounter:
-    """A codecs error handler that replaces invalid UTF-8 with U+FFFD and counts the bytes."""
-
-    def __init__(self):
-        self.count = 0
-        self.name = f"data_prep_count_{id(self)}"
-        codecs.register_error(self.name, self)
-
-    def __call__(self, exc):
-        self.count += exc.end - exc.start
-        return "\ufffd", exc.end
+_REPLACED = [0]  # bytes replaced so far by the handler below (this process)
 
 
-def iter_lines(path: str, stats: Stats, counter: _ReplaceCounter) -> Iterator[str]:
+def _count_replace(exc: UnicodeDecodeError):
+    """codecs error handler: invalid UTF-8 -> U+FFFD, counting the bytes replaced."""
+    _REPLACED[0] += exc.end - exc.start
+    return "\ufffd", exc.end
+
+
+codecs.register_error("data_prep_count_replace", _count_replace)
+
+
+def iter_lines(path: str, stats: Stats) -> Iterator[str]:
     """Decoded lines of a file, read in 1 MB blocks (a line may be any length)."""
+
+    def decode(raw: bytes) -> list[str]:
+        before = _REPLACED[0]
+        text = raw.decode("utf-8", "data_prep_count_replace")
+        stats.replaced_bytes += _REPLACED[0] - before
+        return text.split("\n")
+
     rest = b""
     with open(path, "rb") as f:
         while True:
@@ -111,19 +117,17 @@ def iter_lines(path: str, stats: Stats, counter: _ReplaceCounter) -> Iterator[st
                 continue
             rest = block[cut + 1:]
             # No UTF-8 sequence contains byte 0x0A, so cutting at a newline is always safe.
-            yield from block[:cut].decode("utf-8", counter.name).split("\n")
+            yield from decode(block[:cut])
     if rest:
-        yield from rest.decode("utf-8", counter.name).split("\n")
-    stats.replaced_bytes = counter.count
+        yield from decode(rest)
 
 
 def iter_documents(paths: Sequence[str], stats: Stats, max_doc_chars: int) -> Iterator[list[str]]:
     """Documents (lists of stripped non-empty lines). A blank or whitespace-only line ends a
     document, and so does the end of a file; a document over max_doc_chars is cut."""
-    counter = _ReplaceCounter()
     for path in paths:
         doc, size = [], 0
-        for line in iter_lines(path, stats, counter):
+        for line in iter_lines(path, stats):
             line = line.strip()
             if not line:
                 if doc:
