@@ -7,6 +7,8 @@
     batch = next(train_it)                           # dict[str, np.ndarray], see below
     state = train_it.get_state(); train_it.set_state(state)   # exact resume
     for batch in pretrain.eval_iterator(config.data): ...      # every record once
+    checks.check_batch(batch, max_seq_length=..., max_predictions_per_seq=...,
+                       vocab_size=...)               # optional: a batch against the config
 
 Batches (host-local, local_batch = data.batch_size // jax.process_count()):
     input_ids, input_mask, segment_ids: <int32>[local_batch, max_seq_length]

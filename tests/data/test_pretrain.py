@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import features as features_lib
-from bert_jax.data import pretrain, tfrecord
+from bert_jax.data import checks, pretrain, tfrecord
 from tests.data import fixtures
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -41,6 +41,8 @@ def test_batches_have_the_documented_shapes_and_dtypes(shards):
     for k, v in batch.items():
         assert v.dtype == (np.float32 if "weights" in k else np.int32), k
     np.testing.assert_array_equal(batch["example_weights"], 1.0)
+    checks.check_batch(batch, max_seq_length=32, max_predictions_per_seq=5,
+                       vocab_size=fixtures.VOCAB_SIZE)
     # Every row is one of the written records, all seven features identical.
     for row in range(8):
         rec = records[fixtures.record_key(batch["input_ids"][row])]
