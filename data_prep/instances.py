@@ -89,11 +89,6 @@ def _randint(rng: random.Random, lo: int, hi: int) -> int:
     return lo + int(rng.random() * (hi - lo + 1))
 
 
-def _coin_count(rng: random.Random, n: int) -> int:
-    """Number of heads in n fair coin flips (the front/back choices of n truncations)."""
-    return rng.getrandbits(n).bit_count() if n > 0 else 0
-
-
 def truncation_amounts(la: int, lb: int, max_num_tokens: int) -> tuple[int, int]:
     """Tokens the original removes from A and B: it always trims the longer one (B on ties)
     until la + lb <= max_num_tokens. Returns (removed_from_a, removed_from_b)."""
@@ -113,7 +108,12 @@ def nsp_instances(docs: Docs, cfg: InstanceConfig, rng: random.Random) -> list[t
     Offsets index the chunk's flat token array. Python loop per instance (not per token).
     """
     out = []
+    append = out.append
+    rnd = rng.random  # bound once: this loop runs per instance (_randint inlined below)
+    bits = rng.getrandbits
+    bisect_left = bisect.bisect_left
     max_num = cfg.max_seq_length - 3
+    short = cfg.short_seq_prob
     n_docs = len(docs)
     for _ in range(cfg.dupe_factor):
         for d in range(n_docs):
@@ -121,40 +121,45 @@ def nsp_instances(docs: Docs, cfg: InstanceConfig, rng: random.Random) -> list[t
             n = len(cum)
             # One target per document and pass, as the original (not per instance).
             target = max_num
-            if rng.random() < cfg.short_seq_prob:
-                target = _randint(rng, 2, max_num)
+            if rnd() < short:
+                target = 2 + int(rnd() * (max_num - 1))
             cs = 0  # first sentence of the current chunk of sentences
             while cs < n:
                 base = cum[cs - 1] if cs else start
-                j = bisect.bisect_left(cum, base + target, cs)  # first j with length >= target
+                j = bisect_left(cum, base + target, cs)  # first j with length >= target
                 if j >= n:
                     j = n - 1
                 n_chunk = j - cs + 1
-                a_end = _randint(rng, 1, n_chunk - 1) if n_chunk >= 2 else 1
+                a_end = 1 + int(rnd() * (n_chunk - 1)) if n_chunk >= 2 else 1
                 a_lo, a_hi = base, cum[cs + a_end - 1]
-                if n_chunk == 1 or rng.random() < 0.5:
+                if n_chunk == 1 or rnd() < 0.5:
                     is_random = 1
                     target_b = target - (a_hi - a_lo)
                     r = d
                     for _ in range(10):  # the original's ten tries for another document
-                        r = _randint(rng, 0, n_docs - 1)
+                        r = int(rnd() * n_docs)
                         if r != d:
                             break
                     rstart, rcum = docs[r]
-                    rs = _randint(rng, 0, len(rcum) - 1)
+                    rs = int(rnd() * len(rcum))
                     b_lo = rcum[rs - 1] if rs else rstart
-                    k = bisect.bisect_left(rcum, b_lo + target_b, rs)
-                    b_hi = rcum[min(k, len(rcum) - 1)]
+                    k = bisect_left(rcum, b_lo + target_b, rs)
+                    b_hi = rcum[k] if k < len(rcum) else rcum[-1]
                     cs += a_end  # the unused sentences go back for the next instance
                 else:
                     is_random = 0
                     b_lo, b_hi = a_hi, cum[j]
                     cs = j + 1
                 la, lb = a_hi - a_lo, b_hi - b_lo
-                ra, rb = truncation_amounts(la, lb, max_num)
-                a_lo += _coin_count(rng, ra)
-                b_lo += _coin_count(rng, rb)
-                out.append((a_lo, la - ra, b_lo, lb - rb, is_random))
+                if la + lb > max_num:
+                    ra, rb = truncation_amounts(la, lb, max_num)
+                    if ra:  # each removal from the front with probability 1/2
+                        a_lo += bits(ra).bit_count()
+                    if rb:
+                        b_lo += bits(rb).bit_count()
+                    la -= ra
+                    lb -= rb
+                append((a_lo, la, b_lo, lb, is_random))
     return out
 
 
