@@ -188,8 +188,11 @@ def packed_instances(stream_len: int, bounds: list[int], cfg: InstanceConfig,
 
 
 def assemble(src: np.ndarray, spec: np.ndarray, cfg: InstanceConfig, vi: VocabInfo,
-             rng: np.random.Generator) -> dict[str, np.ndarray]:
+             rng: np.random.Generator, src_has_special: bool = True) -> dict[str, np.ndarray]:
     """Token matrices for a batch of specs, masked. spec: <int64>[n, 5].
+
+    src_has_special: whether src holds [CLS]/[SEP] ids at all (a --no_nsp stream does; text
+    tokenized by WordPiece never does); False skips checking every token for them.
 
     Returns input_ids <int32>[n, max_seq_length], input_mask/segment_ids <uint8>[n, S],
     masked_lm_positions/masked_lm_ids <int32>[n, max_predictions_per_seq],
@@ -219,7 +222,9 @@ def assemble(src: np.ndarray, spec: np.ndarray, cfg: InstanceConfig, vi: VocabIn
 
     # Candidates: every text token but [CLS]/[SEP] ids (the original compares strings; a
     # document [SEP] inside a --no_nsp instance is not a candidate either).
-    cand = text & (ids != vi.sep_id) & (ids != vi.cls_id)
+    cand = text
+    if src_has_special:
+        cand = text & (ids != vi.sep_id) & (ids != vi.cls_id)
     n_cand = cand.sum(1)
     # round() half-to-even on length * prob, as Python's round in the original.
     n_pred = np.minimum(P, np.maximum(1, np.rint(length[:, 0] * cfg.masked_lm_prob)))

@@ -233,8 +233,9 @@ def process_chunk(chunk_index: int, docs: list[list[str]]):
     specs = np.asarray(specs, dtype=np.int64).reshape(-1, 5)
     specs = specs[np_rng.permutation(len(specs))]  # shuffle within the chunk
     blobs, all_ends, base = [], [], 0
+    has_special = bool(((src == vi.sep_id) | (src == vi.cls_id)).any())
     for lo in range(0, len(specs), _BATCH):
-        arr = inst.assemble(src, specs[lo:lo + _BATCH], cfg, vi, np_rng)
+        arr = inst.assemble(src, specs[lo:lo + _BATCH], cfg, vi, np_rng, has_special)
         w = arr["masked_lm_weights"]
         stats.instances += len(w)
         stats.is_next += int((arr["next_sentence_labels"] == 0).sum())
