@@ -9,6 +9,7 @@ them the lengths are inferred), token ids outside the vocabulary, the real mask 
 its [MASK] / random / unchanged split (with the vocab), the IsNext ratio, a histogram of
 sequence lengths, and the first examples decoded back to text. Exits with status 1 when a
 record does not match (the same checks `pretrain.check_input` runs before training).
+--verify also reads every record of every file and names corrupt or truncated shards.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ flags.DEFINE_integer("max_predictions_per_seq", None,
 flags.DEFINE_integer("num_records", 1000, "Records to sample.")
 flags.DEFINE_integer("max_files", 64, "Files to sample from (evenly spaced).")
 flags.DEFINE_integer("show", 2, "Examples to print decoded.")
+flags.DEFINE_bool("verify", False, "Also read EVERY record of EVERY file (CRCs, framing, "
+                  "file size) and count them: finds corrupt or truncated shards.")
 
 
 def sample(files: Sequence[str], num_records: int, max_files: int):
@@ -59,7 +62,7 @@ def _mode(values):
 
 def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int | None = None,
            max_predictions_per_seq: int | None = None, num_records: int = 1000,
-           max_files: int = 64) -> dict[str, Any]:
+           max_files: int = 64, verify: bool = False, show: int = 2) -> dict[str, Any]:
     """The doctor's findings as a dict (see `format_report`)."""
     from bert_jax.data import pretrain, tfrecord
     all_files = tfrecord.expand_files(patterns)
@@ -100,6 +103,12 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
     r["missing"] = [n for n in features_lib.PRETRAIN_FEATURES if n not in found]
 
     problems = [(p, f"unreadable: {e}") for p, e in unreadable]
+    if verify:
+        scanned = tfrecord.scan_files(all_files)
+        bad = [(f, n, e) for f, (n, e) in scanned.items() if e]
+        r["verified"] = dict(files=len(all_files), records=sum(n for n, _ in scanned.values()),
+                             corrupt=len(bad))
+        problems += [(f, f"corrupt shard after {n} good records: {e}") for f, n, e in bad]
     for path, i, dec in records:
         for p in checks.check_record(dec, max_seq_length=seq, max_predictions_per_seq=preds,
                                      vocab_size=vocab and vocab["vocab_size"]):
@@ -137,7 +146,7 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
                                  zip(edges[:-1], edges[1:], hist)]
         r["mean_length"] = float(lengths.mean())
         r["examples"] = []
-        for k in range(min(FLAGS.show if FLAGS.is_parsed() else 2, len(good))):
+        for k in range(min(show, len(good))):
             n = int(lengths[k])
             row = ids[k][:n]
             shown = tokens(row) if tokens else [str(t) for t in row]
@@ -168,6 +177,10 @@ def format_report(r: dict[str, Any]) -> str:
         out.append(f"  {name:<22} {kinds:<6} length {lengths:<10} {status}")
     for name in r["missing"]:
         out.append(f"  {name:<22} MISSING")
+    if "verified" in r:
+        v = r["verified"]
+        out.append(f"verified: {v['records']} records in {v['files']} files, "
+                   f"{v['corrupt']} corrupt or truncated file(s)")
     if r["vocab"]:
         out.append(f"vocab: {r['vocab']['vocab_size']} tokens; records with ids outside it: "
                    f"{r.get('out_of_vocab_records', 0)}")
@@ -207,7 +220,8 @@ def main(argv):
         raise app.UsageError("--input=GLOB is required")
     r = report(FLAGS.input, vocab_file=FLAGS.vocab_file, max_seq_length=FLAGS.max_seq_length,
                max_predictions_per_seq=FLAGS.max_predictions_per_seq,
-               num_records=FLAGS.num_records, max_files=FLAGS.max_files)
+               num_records=FLAGS.num_records, max_files=FLAGS.max_files, verify=FLAGS.verify,
+               show=FLAGS.show)
     print(format_report(r))
     sys.exit(1 if r["problems"] else 0)
 

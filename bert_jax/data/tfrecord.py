@@ -113,15 +113,29 @@ def shard_files(files: Sequence[str], process_index: int,
 # ---------------------------------------------------------------- corrupt files
 
 
+def _framed_bytes(path: str) -> tuple[int, int]:
+    """(records, bytes they occupy in the file incl. the 16 bytes of framing each)."""
+    def add(acc, record):
+        return acc[0] + 1, acc[1] + 16 + tf.cast(tf.strings.length(record), tf.int64)
+    n, size = tf.data.TFRecordDataset(path).reduce((np.int64(0), np.int64(0)), add)
+    return int(n), int(size)
+
+
 def scan_file(path: str) -> tuple[int, str | None]:
-    """(records read, error message or None): reads the framing and CRCs, parses nothing."""
+    """(readable records, error message or None): reads every record (framing and CRCs,
+    no parsing) and checks that they end exactly at the end of the file. The size check
+    catches a file cut inside a record header, which TF's reader takes for a clean end."""
     try:
-        count = int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1))
-        return count, None
+        count, framed = _framed_bytes(path)
     except tf.errors.OpError as e:
         good = tf.data.TFRecordDataset(path).ignore_errors().reduce(np.int64(0),
                                                                       lambda n, _: n + 1)
         return int(good), _short(e)
+    size = tf.io.gfile.stat(path).length
+    if framed != size:
+        return count, (f"the file has {size} bytes but its {count} records end at byte "
+                       f"{framed}: truncated inside a record header (or trailing garbage)")
+    return count, None
 
 
 def _short(error: Exception) -> str:
@@ -165,12 +179,12 @@ def drop_corrupt(files: Sequence[str]) -> tuple[list[str], list[tuple[str, int, 
 
 
 def count_records(files: Sequence[str], threads: int = 8) -> dict[str, int]:
-    """Number of records of each file (reads them; for evaluation sets)."""
+    """Number of records of each file (reads and verifies them; for evaluation sets)."""
     def count(path):
-        try:
-            return int(tf.data.TFRecordDataset(path).reduce(np.int64(0), lambda n, _: n + 1))
-        except tf.errors.OpError as e:
-            raise CorruptShardError(f"{path}: {_short(e)}") from None
+        n, error = scan_file(path)
+        if error:
+            raise CorruptShardError(f"{path}: {error}")
+        return n
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         return dict(zip(files, pool.map(count, files)))
 

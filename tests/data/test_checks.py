@@ -113,3 +113,21 @@ def test_skip_corrupt_leaves_the_shard_out_with_a_count(good, caplog):
     assert "skipped 2 of 4 shards" in caplog.text
     seen = {fixtures.record_key(r)[0] for _ in range(10) for r in next(it)["input_ids"]}
     assert seen == {0, 1}
+
+
+def test_cut_inside_a_record_header_is_caught_by_the_scan(good):
+    """TF's reader takes a file cut inside a 12-byte record header for a clean end; the
+    scan (skip_corrupt, eval counting, the doctor's --verify) compares sizes and says so."""
+    d, paths = good
+    data = open(paths[0], "rb").read()
+    import struct
+    offset = 0
+    for _ in range(7):  # the start of record 7
+        (n,) = struct.unpack("<Q", data[offset:offset + 8])
+        offset += 16 + n
+    open(paths[0], "wb").write(data[:offset + 5])
+    count, error = tfrecord.scan_file(paths[0])
+    assert count == 7 and "truncated inside a record header" in error
+    assert tfrecord.scan_file(paths[1]) == (20, None)
+    with pytest.raises(tfrecord.CorruptShardError, match=paths[0]):
+        tfrecord.count_records(paths)

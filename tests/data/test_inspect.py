@@ -64,3 +64,17 @@ def test_cli_exit_status(data, capsys):
         assert e.value.code == status
     flags.FLAGS.unparse_flags()
     assert "PROBLEMS: " in capsys.readouterr().out
+
+
+def test_verify_counts_every_record_and_names_a_truncated_shard(tmp_path):
+    paths, _ = fixtures.write_files(tmp_path, 2, 25, seq=32, preds=5)
+    r = doctor.report(str(tmp_path / "*.tfrecord"), num_records=4, verify=True)
+    assert r["verified"] == {"files": 2, "records": 50, "corrupt": 0} and not r["problems"]
+    data = open(paths[1], "rb").read()
+    open(paths[1], "wb").write(data[: len(data) - 30])
+    r = doctor.report(str(tmp_path / "*.tfrecord"), num_records=4, verify=True)
+    assert r["verified"] == {"files": 2, "records": 49, "corrupt": 1}
+    assert len(r["problems"]) == 1
+    assert r["problems"][0].startswith(f"{paths[1]}: corrupt shard after 24 good records: "
+                                       f"truncated record at ")
+    assert "1 corrupt or truncated file(s)" in doctor.format_report(r)
