@@ -97,7 +97,7 @@ def main(argv):
           f"{num_workers} worker(s)", file=sys.stderr)
     stats = pipeline.run(inputs, outputs, spec, num_workers=num_workers,
                          chunk_chars=int(FLAGS.chunk_size_mb * 1e6), progress=FLAGS.progress)
-    print(stats.summary())
+    print(stats.summary(no_nsp=cfg.no_nsp))
     print("wrote " + ", ".join(outputs))
     return 0
 

@@ -56,7 +56,7 @@ class Stats:
             elif f.name != "seconds":
                 setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
 
-    def summary(self) -> str:
+    def summary(self, no_nsp: bool = False) -> str:
         def frac(a, b):
             return a / b if b else 0.0
         d = self.decisions
@@ -69,7 +69,8 @@ class Stats:
             f"UNK rate         {frac(self.unk_tokens, self.tokens):.4%}",
             f"replaced bytes   {self.replaced_bytes:,} (invalid UTF-8)",
             f"instances        {self.instances:,}",
-            f"IsNext fraction  {frac(self.is_next, self.instances):.2%}",
+            ("IsNext fraction  n/a (--no_nsp)" if no_nsp else
+             f"IsNext fraction  {frac(self.is_next, self.instances):.2%}"),
             f"masked fraction  {frac(self.masked, self.candidates):.2%} of non-special tokens"
             f" ([MASK] {frac(d[0], nd):.1%} / kept {frac(d[1], nd):.1%} /"
             f" random {frac(d[2], nd):.1%})",
@@ -231,6 +232,8 @@ def process_chunk(chunk_index: int, docs: list[list[str]]):
         src = flat
         specs = inst.nsp_instances(tdocs, cfg, py_rng)
     specs = np.asarray(specs, dtype=np.int64).reshape(-1, 5)
+    if not len(specs):
+        return chunk_index, b"", np.zeros(0, np.int64), stats
     specs = specs[np_rng.permutation(len(specs))]  # shuffle within the chunk
     blobs, all_ends, base = [], [], 0
     has_special = bool(((src == vi.sep_id) | (src == vi.cls_id)).any())
