@@ -20,6 +20,9 @@ def resolve_inputs(spec: str) -> list[str]:
             if not hits:
                 raise InputError(f"--input_file: no file matches {part!r}")
             paths.extend(hits)
+        elif os.path.isdir(part):
+            raise InputError(f"--input_file: {part} is a directory (give files or a glob, "
+                             f"e.g. {os.path.join(part, '*.txt')})")
         elif not os.path.isfile(part):
             raise InputError(f"--input_file: file not found: {part}")
         else:
