@@ -34,7 +34,14 @@ def make_train_data(config, workdir: str):
     if config.data.source == "tfrecord" and not config.data.train_files:
         train, evals = build_sample_data(config, workdir)
         config.data.train_files, config.data.eval_files = train, evals
-    pretrain.check_input(config.data)  # raises naming the file before anything compiles
+    data_vocab = pretrain.vocab_info(config.data)["vocab_size"]
+    if data_vocab > config.model.vocab_size:
+        raise ValueError(
+            f"the data's vocabulary has {data_vocab} tokens (config.data.vocab_size / "
+            f"vocab_file) but config.model.vocab_size={config.model.vocab_size}")
+    # Reads the first records of every file: a wrong length or an id outside the
+    # vocabulary raises DataCheckError naming the file, before anything compiles.
+    pretrain.check_input(config.data)
     return pretrain.train_iterator(config.data)
 
 

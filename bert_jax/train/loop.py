@@ -141,6 +141,10 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
             f"of mesh {dict(mesh.shape)}")
     model = state_lib.create_model(config)
     model_cfg = state_lib.model_config(config)
+    if seq_len > model_cfg.max_position_embeddings:
+        raise ValueError(f"config.data.max_seq_length={seq_len} exceeds "
+                         f"config.model.max_position_embeddings="
+                         f"{model_cfg.max_position_embeddings}")
     schedule = optim.make_schedule(config.schedule, total_steps(config))
     tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
     batch_sharding = data_device.batch_sharding(mesh, rules)

@@ -1,0 +1,121 @@
+"""The jitted train step on one device: its loss is the pre-training loss of the model,
+gradient accumulation equals the large batch, and a non-finite step changes nothing."""
+
+from __future__ import annotations
+
+import flax
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax.data import device as data_device
+from bert_jax.tasks.pretraining import pretraining_loss
+from bert_jax.train import state as state_lib
+from bert_jax.train import step as step_lib
+from bert_jax.train.config import total_steps
+from tests.train.common import random_batch, tiny_config
+
+
+@pytest.fixture(scope="module")
+def setup():
+    config = tiny_config()
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = sharding_lib.rules_from_config(config.mesh)
+    model = state_lib.create_model(config)
+    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
+    schedule = optim.make_schedule(config.schedule, total_steps(config))
+    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, 16, 4)
+    bsh = data_device.batch_sharding(mesh, rules)
+
+    def fresh():
+        return state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), 16, 4, shardings)
+
+    def step_fn(accum):
+        return step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
+                                       accum_steps=accum, deterministic=True)
+    return dict(model=model, fresh=fresh, step_fn=step_fn, one=step_fn(1))
+
+
+def _host(tree):
+    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
+
+
+def test_loss_is_the_pretraining_loss_of_the_model(setup):
+    state = setup["fresh"]()
+    params = _host(state.params)    # the step donates `state`
+    batch = random_batch(3, 8)
+    _, metrics = setup["one"](state, batch, jax.random.key(1))
+
+    @jax.jit
+    def reference(params, batch):
+        mlm_logits, nsp_logits = setup["model"].apply(
+            {"params": params}, batch["input_ids"], batch["input_mask"], batch["segment_ids"],
+            batch["masked_lm_positions"])
+        return pretraining_loss(mlm_logits, nsp_logits, batch)
+
+    loss, m = reference(params, batch)
+    np.testing.assert_allclose(float(metrics["train/loss"]), float(loss), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["train/mlm_acc"]), float(m["mlm_acc"]), rtol=1e-6)
+    np.testing.assert_allclose(float(metrics["train/nsp_loss"]), float(m["nsp_loss"]), rtol=1e-6)
+    assert float(metrics["train/nonfinite"]) == 0.0
+    assert float(metrics["train/grad_norm"]) > 0.0
+
+
+def test_four_micro_batches_equal_one_batch(setup):
+    batches = [random_batch(10 + i, 16) for i in range(3)]
+    # Micro-batches of this batch hold different numbers of masked tokens: a mean of
+    # micro-batch means would not equal the batch mean.
+    counts = batches[0]["masked_lm_weights"].reshape(4, 4, -1).transpose(1, 0, 2).sum((1, 2))
+    assert len(set(counts.tolist())) > 1
+    results = {}
+    for accum in (1, 4):
+        fn = setup["one"] if accum == 1 else setup["step_fn"](4)
+        state = setup["fresh"]()
+        losses = []
+        for b in batches:
+            state, m = fn(state, b, jax.random.key(1))
+            losses.append(float(m["train/loss"]))
+        results[accum] = (losses, _host(state.params), float(m["train/grad_norm"]))
+    np.testing.assert_allclose(results[4][0], results[1][0], rtol=1e-5)
+    np.testing.assert_allclose(results[4][2], results[1][2], rtol=1e-5)
+    for a, b in zip(jax.tree_util.tree_leaves(results[4][1]),
+                    jax.tree_util.tree_leaves(results[1][1])):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_non_finite_step_leaves_the_state_unchanged(setup):
+    state = setup["fresh"]()
+    before = _host(state)
+    batch = random_batch(4, 8)
+    batch["masked_lm_weights"][0, 0] = np.nan
+    state, metrics = setup["one"](state, batch, jax.random.key(1))
+    assert float(metrics["train/nonfinite"]) == 1.0
+    after = _host(state)
+    assert int(after.step) == 1
+    for a, b in zip(jax.tree_util.tree_leaves((after.params, after.opt_state)),
+                    jax.tree_util.tree_leaves((before.params, before.opt_state))):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_dropout_key_depends_on_the_step():
+    # fold_in(rng, step): two steps on the same batch and params use different masks.
+    config = tiny_config()
+    with config.unlocked():
+        config.model.hidden_dropout_prob = 0.5
+    model = state_lib.create_model(config)
+    batch = random_batch(5, 8)
+    params = model.init(jax.random.key(0), **state_lib.dummy_inputs(16, 4))["params"]
+    params = flax.linen.meta.unbox(params)
+    rng = jax.random.key(7)
+
+    @jax.jit
+    def logits(step):
+        return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+                           batch["segment_ids"], batch["masked_lm_positions"],
+                           deterministic=False, rngs={"dropout": jax.random.fold_in(rng, step)})[0]
+
+    outs = [np.asarray(logits(s)) for s in (0, 1, 0)]
+    assert not np.allclose(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
