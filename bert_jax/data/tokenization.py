@@ -191,15 +191,16 @@ class WordPieceTokenizer(_BaseTokenizer):
         flat = src[np.repeat(src_start - (out_end - lens), lens) + np.arange(int(out_end[-1]))]
         return flat, lens
 
-    def _word_indices(self, words: list[str]) -> np.ndarray:
+    def _word_indices(self, words: list[bytes]) -> np.ndarray:
         """Cache index of each word, adding the missing ones (tokenized by the library)."""
         cache = self._word_cache
         if len(cache) > 1_000_000:  # bound memory on corpora with huge vocabularies
             self._reset_cache()
             cache = self._word_cache
-        idx = list(map(cache.get, words))
-        if None in idx:
-            missing = list({w for w, i in zip(words, idx) if i is None})
+        idx = np.fromiter(map(cache.get, words, itertools.repeat(-1)), dtype=np.int64,
+                          count=len(words))
+        if (idx < 0).any():
+            missing = list({words[i] for i in np.flatnonzero(idx < 0).tolist()})
             # These words are already normalized and pre-tokenized (printable ASCII, split
             # as BertPreTokenizer does): only the library's WordPiece model is left to run,
             # ~5x cheaper per word than a full encode.
@@ -215,8 +216,8 @@ class WordPieceTokenizer(_BaseTokenizer):
             self._cache_ids = np.concatenate([self._cache_ids, new_ids])
             first = len(cache)
             cache.update((w, first + k) for k, w in enumerate(missing))
-            idx = list(map(cache.__getitem__, words))
-        return np.fromiter(idx, dtype=np.int64, count=len(idx))
+            idx = np.fromiter(map(cache.__getitem__, words), dtype=np.int64, count=len(words))
+        return idx
 
     def _reset_cache(self) -> None:
         # ASCII words (bytes) -> index; entry 0 is encode_batch_flat's line marker: no ids.
