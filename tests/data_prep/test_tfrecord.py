@@ -10,9 +10,9 @@ tf = pytest.importorskip("tensorflow")
 
 
 def _batch(rng, n, S, P, max_id):
-    edges = np.array([0, 1, 127, 128, 16383, 16384, 2**21 - 1, max_id])
+    edges = np.array([e for e in (0, 1, 127, 128, 16383, 16384, 2**21 - 1) if e <= max_id])
     ids = rng.integers(0, max_id + 1, (n, S))
-    ids[0, :len(edges)] = edges  # every varint length boundary
+    ids[0, :min(S, len(edges) + 1)] = np.append(edges, max_id)[:S]  # varint length boundaries
     return {
         "input_ids": ids,
         "input_mask": rng.integers(0, 2, (n, S)),
@@ -24,14 +24,13 @@ def _batch(rng, n, S, P, max_id):
     }
 
 
-@pytest.mark.parametrize("S,P,max_id", [(128, 20, 30521), (512, 80, 250_000), (8, 1, 5)])
+@pytest.mark.parametrize("S,P,max_id", [(128, 20, 30521), (512, 80, 2**21 - 1), (8, 1, 5)])
 def test_parses_to_same_values_and_same_bytes_as_tf(tmp_path, S, P, max_id):
+    """Varints of 1, 2, 3 bytes (every length boundary), positions past 127, odd floats."""
     rng = np.random.default_rng(S)
     n = 300
-    feats = _batch(rng, n, S, P, max(max_id, 2**21 - 1) if S == 512 else max_id) \
-        if S != 8 else {k: np.minimum(v, 5) for k, v in _batch(rng, n, S, P, 200).items()}
-    bound = max(int(feats["input_ids"].max()), int(feats["masked_lm_ids"].max()), S)
-    blob, ends = tfrecord.serialize_examples(feats, bound)
+    feats = _batch(rng, n, S, P, max_id)
+    blob, ends = tfrecord.serialize_examples(feats, max(max_id, S))
     path = tmp_path / "x.tfrecord"
     path.write_bytes(blob)
     assert ends[-1] == len(blob)
