@@ -1,0 +1,175 @@
+"""The loop's pieces in process: metrics and a skipped non-finite step, the stop message,
+exact evaluation with the majority baseline, warm starts, and data errors before compile."""
+
+from __future__ import annotations
+
+import json
+
+import flax
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import optim
+from bert_jax import sharding as sharding_lib
+from bert_jax.convert.model_dir import save_model_dir
+from bert_jax.data import device as data_device
+from bert_jax.data.checks import DataCheckError
+from bert_jax.tasks.pretraining import pretraining_loss
+from bert_jax.train import loop
+from bert_jax.train import state as state_lib
+from bert_jax.train import step as step_lib
+from bert_jax.train import warm_start
+from bert_jax.train.config import total_steps
+from tests.train.common import MemorySource, random_batch, tiny_config
+
+
+class NaNAtStep3(MemorySource):
+    def __next__(self):
+        batch = super().__next__()
+        if self.index == 3:
+            batch["masked_lm_weights"] = batch["masked_lm_weights"].copy()
+            batch["masked_lm_weights"][0, 0] = np.nan
+        return batch
+
+
+def test_skip_nonfinite_logs_and_continues(tmp_path):
+    config = tiny_config(steps=5)
+    config.train.skip_nonfinite = True
+    config.train.tensorboard = False
+    summary = loop.train(config, str(tmp_path), make_train_data=lambda c, w: NaNAtStep3(8),
+                         make_eval_data=lambda c, w: None)
+    assert summary["step"] == 5 and summary["nonfinite_skipped"] == 1
+    records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["train/nonfinite"] for r in records] == [0, 0, 1, 0, 0]
+    expected = {"train/loss", "train/mlm_loss", "train/mlm_acc", "train/nsp_loss",
+                "train/nsp_acc", "train/lr", "train/grad_norm", "train/param_norm"}
+    assert expected <= set(records[0])
+    assert {"perf/step_time", "perf/seq_per_s", "perf/tokens_per_s", "perf/mfu"} <= set(records[1])
+    assert all(np.isfinite(r["train/param_norm"]) for r in records)
+    assert (tmp_path / "checkpoints" / "5").is_dir()
+
+
+def test_nonfinite_stops_naming_the_step():
+    config = tiny_config()
+    metrics = {"train/nonfinite": np.float32(1), "train/loss": np.float32(np.nan),
+               "train/grad_norm": np.float32(np.inf)}
+    with pytest.raises(loop.NonFiniteError, match="at step 17 .*skip_nonfinite"):
+        loop._check_finite(metrics, 17, config)
+    config.train.skip_nonfinite = True
+    assert loop._check_finite(metrics, 17, config) == 1
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    config = tiny_config()
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = sharding_lib.rules_from_config(config.mesh)
+    model = state_lib.create_model(config)
+    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
+    abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, 16, 4)
+    state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), 16, 4, shardings)
+    return dict(config=config, mesh=mesh, rules=rules, model=model, tx=tx, abstract=abstract,
+                shardings=shardings, state=state)
+
+
+def test_evaluate_is_exact_over_batches_and_ignores_filler(tiny):
+    bsh = data_device.batch_sharding(tiny["mesh"], tiny["rules"])
+    eval_fn = step_lib.jit_eval_step(tiny["model"], tiny["shardings"].params, bsh, tiny["rules"])
+    batches = [random_batch(20 + i, 8) for i in range(3)]
+    for b in batches:
+        b["example_weights"] = np.ones(8, np.float32)
+    batches[-1]["example_weights"][5:] = 0.0       # the padded tail of the eval set
+    out = loop.evaluate(eval_fn, tiny["state"].params, iter(batches), bsh)
+
+    real = {k: np.concatenate([b[k] if i < 2 else b[k][:5] for i, b in enumerate(batches)])
+            for k in batches[0] if k != "example_weights"}
+    params = jax.device_get(tiny["state"].params)
+    mlm_logits, nsp_logits = jax.jit(tiny["model"].apply)(
+        {"params": params}, real["input_ids"], real["input_mask"], real["segment_ids"],
+        real["masked_lm_positions"])
+    loss, m = pretraining_loss(mlm_logits, nsp_logits, real)
+    np.testing.assert_allclose(out["eval/loss"], float(loss), rtol=1e-5)
+    np.testing.assert_allclose(out["eval/mlm_acc"], float(m["mlm_acc"]), rtol=1e-6)
+    np.testing.assert_allclose(out["eval/nsp_acc"], float(m["nsp_acc"]), rtol=1e-6)
+    labels = real["masked_lm_ids"][real["masked_lm_weights"] > 0]
+    assert out["eval/masked_tokens"] == labels.size
+    assert out["eval/mlm_acc_majority"] == pytest.approx(
+        np.bincount(labels).max() / labels.size, abs=1e-12)
+
+
+def test_warm_start_from_a_model_dir(tiny, tmp_path):
+    model_cfg = state_lib.model_config(tiny["config"])
+    other = tiny["model"].init(jax.random.key(42), **state_lib.dummy_inputs(16, 4))["params"]
+    other = jax.tree_util.tree_map(np.asarray, flax.linen.meta.unbox(other))
+    saved = {"bert": other["bert"], "mlm": other["mlm"]}   # no NSP head: stays fresh
+    save_model_dir(str(tmp_path / "model"), saved, model_cfg)
+    config = tiny_config()
+    config.train.init_checkpoint = str(tmp_path / "model")
+    fresh = jax.tree_util.tree_map(np.asarray, jax.device_get(tiny["state"]))
+    state, _ = warm_start.warm_start(config, tiny["state"], None, tiny["abstract"],
+                                     tiny["shardings"], tiny["tx"], None)
+    got = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
+    for a, b in zip(jax.tree_util.tree_leaves(got.params["bert"]),
+                    jax.tree_util.tree_leaves(other["bert"])):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(jax.tree_util.tree_leaves(got.params["nsp"]),
+                    jax.tree_util.tree_leaves(fresh.params["nsp"])):
+        np.testing.assert_array_equal(a, b)
+    mu = got.opt_state[1][0].mu
+    assert all(not np.any(x) for x in jax.tree_util.tree_leaves(mu))
+
+    config.model.hidden_size = 64
+    config.model.intermediate_size = 128
+    with pytest.raises(ValueError, match="hidden_size"):
+        warm_start.warm_start(config, tiny["state"], None, tiny["abstract"], tiny["shardings"],
+                              tiny["tx"], None)
+
+
+def _write_records(path, length, predictions, max_id):
+    import tensorflow as tf
+
+    rs = np.random.RandomState(0)
+
+    def ints(v):
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=list(map(int, v))))
+
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for _ in range(4):
+            feats = {
+                "input_ids": ints(rs.randint(5, max_id + 1, size=length)),
+                "input_mask": ints(np.ones(length)), "segment_ids": ints(np.zeros(length)),
+                "masked_lm_positions": ints(np.arange(1, predictions + 1)),
+                "masked_lm_ids": ints(np.full(predictions, max_id)),
+                "masked_lm_weights": tf.train.Feature(float_list=tf.train.FloatList(
+                    value=[1.0] * predictions)),
+                "next_sentence_labels": ints([0])}
+            w.write(tf.train.Example(features=tf.train.Features(feature=feats))
+                    .SerializeToString())
+
+
+@pytest.mark.parametrize("case", ["length", "vocab"])
+def test_bad_records_fail_before_compile(case, tmp_path, monkeypatch):
+    path = tmp_path / f"bad-{case}.tfrecord"
+    if case == "length":
+        _write_records(path, length=32, predictions=4, max_id=100)    # config: length 16
+    else:
+        _write_records(path, length=16, predictions=4, max_id=500)    # config: vocab 128
+    config = tiny_config(steps=2)
+    config.data.source = "tfrecord"
+    config.data.train_files = str(path)
+    config.train.tensorboard = False
+
+    def compiled(*a, **k):
+        raise AssertionError("the step was compiled before the data were checked")
+    monkeypatch.setattr(state_lib, "init_state", compiled)
+    monkeypatch.setattr(step_lib, "jit_train_step", compiled)
+    with pytest.raises(DataCheckError) as err:
+        loop.train(config, str(tmp_path / "run"))
+    msg = str(err.value)
+    assert str(path) in msg
+    if case == "length":
+        assert "16" in msg and "32" in msg
+    else:
+        assert "128" in msg and "500" in msg
