@@ -231,6 +231,14 @@ def _signature(cfg, files, process_index, process_count, local_batch) -> dict[st
                 dynamic_masking=cfg.dynamic_masking)
 
 
+def _read_parallelism(cfg) -> dict[str, Any]:
+    # Same record order either way (deterministic): only the cost differs.
+    if cfg.read_threads == 0:
+        return {}
+    threads = AUTOTUNE if cfg.read_threads < 0 else cfg.read_threads
+    return dict(num_parallel_calls=threads, deterministic=True)
+
+
 def train_dataset(cfg, files: Sequence[str], *, process_index: int, process_count: int,
                   record_level: bool, local_batch: int, start_batch: int = 0) -> tf.data.Dataset:
     """The endless training dataset of this host (see the module docstring).
@@ -252,7 +260,7 @@ def train_dataset(cfg, files: Sequence[str], *, process_index: int, process_coun
     cycle = max(1, min(cfg.num_parallel_reads, len(files)))
     ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=cfg.read_buffer_bytes),
                        cycle_length=cycle, block_length=cfg.interleave_block,
-                       num_parallel_calls=AUTOTUNE, deterministic=True)
+                       **_read_parallelism(cfg))
     if record_level:
         ds = ds.shard(process_count, process_index)
     if cfg.shuffle and cfg.shuffle_buffer > local_batch:
