@@ -232,3 +232,23 @@ def test_device_prefetcher_over_tfrecords_resumes_exactly(shards):
             b = next(pf)
             for k in a:
                 np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]), err_msg=k)
+
+
+def test_window_shuffle_is_a_permutation_of_the_record_stream(shards):
+    """Windows of 64 records are permuted and cut into batches: the first 8 windows (512
+    records) hold exactly 2 epochs of the 228 records plus 56 of the third, none dropped or
+    duplicated; within an epoch no record repeats; batches mix files."""
+    pattern, _, records = shards
+    assert len(records) == 228
+    it = pretrain.train_iterator(_cfg(pattern, shuffle_buffer=64), process_index=0,
+                                 process_count=1)
+    batches = [next(it)["input_ids"] for _ in range(64)]   # 64 x 8 = 512 records
+    keys = [fixtures.record_key(r) for b in batches for r in b]
+    counts = {k: keys.count(k) for k in records}
+    assert sorted(set(counts.values())) == [2, 3] and sum(counts.values()) == 512
+    assert list(counts.values()).count(3) == 512 - 2 * 228
+    assert len(set(keys[:192])) == 192
+    assert len({k[0] for k in keys[:8]}) > 1
+    plain = pretrain.train_iterator(_cfg(pattern, shuffle=False), process_index=0,
+                                    process_count=1)
+    assert [fixtures.record_key(r) for r in next(plain)["input_ids"]] != keys[:8]
