@@ -18,8 +18,11 @@ import collections
 import dataclasses
 import multiprocessing as mp
 import os
+import pickle
 import random
+import shutil
 import sys
+import tempfile
 import time
 from typing import Iterator, Sequence
 
@@ -309,19 +312,24 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
     outputs = _Outputs(output_paths)
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=not progress,
                desc="create_pretraining_data", file=sys.stderr)
-    pool = None
+    pool = spool = None
     try:
         if num_workers <= 1:
             _init_worker(spec)
             results = (process_chunk(k, docs) + (nb,) for k, docs, nb in chunks)
         else:
+            # Chunks and records travel in files next to the output, not through the
+            # pool's pipes: a 10 MB result through a 64 KB pipe is hundreds of process
+            # switches, which stall both sides on a busy machine.
+            spool = tempfile.mkdtemp(prefix=".data_prep-",
+                                     dir=os.path.dirname(os.path.abspath(output_paths[0])))
             if sys.platform.startswith("linux"):
                 # fork: workers inherit the loaded tokenizer (no re-import, no re-load).
                 _init_worker(spec)
                 pool = mp.get_context("fork").Pool(num_workers)
             else:
                 pool = mp.get_context("spawn").Pool(num_workers, _init_worker, (spec,))
-            results = _ordered_bounded(pool, chunks, 2 * num_workers)
+            results = _ordered_bounded(pool, chunks, 2 * num_workers, spool)
         done_bytes = 0
         for _, blob, ends, st, nb in results:
             outputs.write(blob, ends)
@@ -342,19 +350,43 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
         bar.close()
         if pool is not None:
             pool.terminate()
+        if spool is not None:
+            shutil.rmtree(spool, ignore_errors=True)
     stats.seconds = time.time() - t0
     return stats
 
 
-def _ordered_bounded(pool, chunks, max_in_flight: int):
+def _process_chunk_to_file(chunk_index: int, docs_path: str, spool: str):
+    """process_chunk in a worker, through files in spool both ways."""
+    with open(docs_path, "rb") as f:
+        docs = pickle.load(f)
+    os.remove(docs_path)
+    k, blob, ends, stats = process_chunk(chunk_index, docs)
+    path = os.path.join(spool, f"chunk-{k:08d}.bin")
+    with open(path, "wb") as f:
+        f.write(blob)
+    return k, path, ends, stats
+
+
+def _ordered_bounded(pool, chunks, max_in_flight: int, spool: str):
     """Results in chunk order, with at most max_in_flight chunks submitted and not yet
     consumed (Pool.imap would read the whole corpus ahead into its task queue)."""
     pending = collections.deque()
-    for k, docs, nb in chunks:
-        pending.append((pool.apply_async(process_chunk, (k, docs)), nb))
-        if len(pending) >= max_in_flight:
-            res, nbytes = pending.popleft()
-            yield res.get() + (nbytes,)
-    while pending:
+
+    def take():
         res, nbytes = pending.popleft()
-        yield res.get() + (nbytes,)
+        k, path, ends, stats = res.get()
+        with open(path, "rb") as f:
+            blob = f.read()
+        os.remove(path)
+        return k, blob, ends, stats, nbytes
+
+    for k, docs, nb in chunks:
+        docs_path = os.path.join(spool, f"docs-{k:08d}.pkl")
+        with open(docs_path, "wb") as f:
+            pickle.dump(docs, f, protocol=pickle.HIGHEST_PROTOCOL)
+        pending.append((pool.apply_async(_process_chunk_to_file, (k, docs_path, spool)), nb))
+        if len(pending) >= max_in_flight:
+            yield take()
+    while pending:
+        yield take()
