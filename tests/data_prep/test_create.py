@@ -163,7 +163,9 @@ def test_truncation_amounts_match_token_by_token_loop():
                 assert inst.truncation_amounts(la, lb, m) == (la - a, lb - b)
 
 
-def test_failure_leaves_no_partial_output(tmp_path, monkeypatch):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_failure_leaves_no_partial_output(tmp_path, monkeypatch, workers):
+    """A failing chunk: the old file stays, no temp file or worker spool is left behind."""
     out = tmp_path / "out.tfrecord"
     out.write_bytes(b"previous complete file")
     calls = []
@@ -175,9 +177,10 @@ def test_failure_leaves_no_partial_output(tmp_path, monkeypatch):
             raise RuntimeError("disk on fire")
         return real(k, docs)
 
-    monkeypatch.setattr(pipeline, "process_chunk", flaky)
+    monkeypatch.setattr(pipeline, "process_chunk", flaky)  # forked workers see it too
     with pytest.raises(RuntimeError, match="disk on fire"):
-        run_tool([SAMPLE[1]], [out], chunk_chars=50_000)
-    assert calls == [0, 1, 2]
+        run_tool([SAMPLE[1]], [out], chunk_chars=50_000, num_workers=workers)
+    if workers == 1:
+        assert calls == [0, 1, 2]
     assert out.read_bytes() == b"previous complete file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tfrecord"]
