@@ -90,7 +90,9 @@ def main(argv):
     except (InputError, ValueError, FileNotFoundError, VocabError) as e:
         print(f"create_pretraining_data: error: {e}", file=sys.stderr)
         return 2
-    num_workers = FLAGS.num_workers or os.cpu_count() or 1
+    # All cores this process may use (the affinity mask, not the machine's count).
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    num_workers = FLAGS.num_workers or cores or 1
     spec = pipeline.WorkerSpec(FLAGS.vocab_file, FLAGS.spm_model_file, FLAGS.do_lower_case,
                                cfg, FLAGS.random_seed)
     print(f"{len(inputs)} input file(s) -> {len(outputs)} output file(s), "
