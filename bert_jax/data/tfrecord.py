@@ -369,7 +369,9 @@ def eval_dataset(cfg, files: Sequence[str], *, process_index: int, process_count
 
 
 def _to_numpy(batch) -> dict[str, np.ndarray]:
-    return {k: v.numpy() for k, v in batch.items()}
+    # `_numpy()` hands over the tensor's buffer (as Dataset.as_numpy_iterator does);
+    # `.numpy()` would copy every array, ~10% of the pipeline's CPU at length 128.
+    return {k: v._numpy() for k, v in batch.items()}  # pylint: disable=protected-access
 
 
 class TFRecordIterator:
