@@ -7,7 +7,8 @@ many of them):
   * plays: one scene (a new document at every `ACT ...` / `SCENE ...` heading);
   * poems: one numbered poem (a paragraph that is only a Roman numeral starts a new one);
   * Britannica: a group of `--paragraphs_per_doc` paragraphs (default 4).
-Removed: Britannica page markers (`#...` lines, `p.772:0`), the play preamble (title,
+Removed: Britannica page markers and editor's notes (`#...` lines, `p.772:0`,
+`[[ed: ...]]`), the play preamble (title,
 "by William Shakespeare", cast list), speaker labels (`HAMLET.`, `Ham.`), and stage
 directions that are a whole paragraph in brackets. Sentences are split with a simple
 rule (end punctuation followed by a capital), good enough for pre-training text.
@@ -23,7 +24,10 @@ import re
 
 from absl import app, flags
 
-_PAGE_MARKER = re.compile(r"^(#.*|p\.\d+:\d+)\s*$")
+# Page markers (`### START: ...`, `p.772:0`, possibly followed by an editor's note) and
+# editor's notes on their own line (`[[ed: reformatted from the original]]`).
+_PAGE_MARKER = re.compile(r"^(#.*|p\.\d+:\d+.*|\[\[ed:.*\]\])\s*$")
+_INLINE_NOTE = re.compile(r"\s*\[\[ed:[^\]]*\]\]")
 _HEADING = re.compile(r"^(ACT|SCENE|Scene|PROLOGUE|EPILOGUE|Prologue|Epilogue|INDUCTION)\b")
 _NUMERAL = re.compile(r"^[IVXLC]+\.?$")
 _SPEAKER = re.compile(r"^[A-Z][A-Za-z'&\- ]{0,40}\.$")
@@ -36,6 +40,7 @@ def _paragraphs(text: str) -> list[list[str]]:
         line = line.rstrip()
         if _PAGE_MARKER.match(line):
             continue
+        line = _INLINE_NOTE.sub("", line)
         if line.strip():
             cur.append(line.strip())
         elif cur:
@@ -44,6 +49,13 @@ def _paragraphs(text: str) -> list[list[str]]:
     if cur:
         paras.append(cur)
     return paras
+
+
+def _is_title(p: list[str]) -> bool:
+    """A one-line paragraph like "THE SONNETS" or "by William Shakespeare"."""
+    line = p[0]
+    return len(p) == 1 and (line.startswith("by ") or
+                            (len(line) < 60 and not line.endswith((".", "!", "?", ":"))))
 
 
 def split_sentences(text: str) -> list[str]:
@@ -59,8 +71,7 @@ def convert_text(text: str, paragraphs_per_doc: int = 4) -> list[list[str]]:
         first = next(i for i, p in enumerate(paras) if p[0].startswith("ACT"))
         paras = paras[first:]
     else:  # drop the title and "by ..." lines of a poem or an article
-        paras = [p for i, p in enumerate(paras)
-                 if not (i < 3 and (len(p) <= 2 or p[0].startswith("by ")))]
+        paras = [p for i, p in enumerate(paras) if not (i < 3 and _is_title(p))]
     docs: list[list[str]] = []
     cur: list[str] = []
     n_paras = 0
