@@ -12,4 +12,5 @@
   inspect.py       the data doctor: `python -m bert_jax.data.inspect --input=GLOB`
   features.py      the original pre-training feature format (shared with data_prep)
   tokenization.py  WordPiece / SentencePiece tokenizers
+  task_readers.py, tasks_input.py   fine-tuning data (GLUE / SQuAD / NER) and its batches
 """
