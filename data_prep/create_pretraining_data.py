@@ -97,8 +97,16 @@ def main(argv):
                                cfg, FLAGS.random_seed)
     print(f"{len(inputs)} input file(s) -> {len(outputs)} output file(s), "
           f"{num_workers} worker(s)", file=sys.stderr)
-    stats = pipeline.run(inputs, outputs, spec, num_workers=num_workers,
-                         chunk_chars=int(FLAGS.chunk_size_mb * 1e6), progress=FLAGS.progress)
+    try:
+        stats = pipeline.run(inputs, outputs, spec, num_workers=num_workers,
+                             chunk_chars=int(FLAGS.chunk_size_mb * 1e6),
+                             progress=FLAGS.progress)
+    except OSError as e:  # unwritable output, disk full, ...: nothing left half-written
+        print(f"create_pretraining_data: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("create_pretraining_data: interrupted; no output written", file=sys.stderr)
+        return 130
     print(stats.summary(no_nsp=cfg.no_nsp))
     print("wrote " + ", ".join(outputs))
     return 0

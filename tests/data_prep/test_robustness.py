@@ -116,6 +116,11 @@ def test_cli_errors_are_clear_and_early(tmp_path):
         assert not out.exists()
     assert "[MASK]" in _cli(f"--input_file={SAMPLE[0]}", f"--output_file={out}",
                             f"--vocab_file={bad_vocab}").stderr
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    r = _cli(f"--input_file={SAMPLE[0]}", f"--output_file={blocker}/sub/o.tfrecord",
+             f"--vocab_file={VOCAB}", "--noprogress")
+    assert r.returncode == 1 and "a_file" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_cli_end_to_end_with_shards(tmp_path):
