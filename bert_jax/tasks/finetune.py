@@ -225,7 +225,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                  {e.name: num_rows(e.features) for e in eval_sets})
 
     lrs = list(config.schedule.lr_grid) or [float(config.schedule.lr)]
-    main_set = next(e.name for e in eval_sets if e.labeled)
+    labeled = [e.name for e in eval_sets if e.labeled]
+    if not labeled:
+        raise ValueError("no labelled eval set to pick the best run on (dev data missing?)")
+    main_set = labeled[0]
     runs, steps_cache = [], {}
     metrics_path = os.path.join(workdir, "metrics.jsonl")
     with open(metrics_path, "a", encoding="utf-8") as mf:
@@ -237,6 +240,9 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     task, bert_config, init_params, train_features, eval_sets, config, seed,
                     float(lr), os.path.join(workdir, f"run_{i}"), progress, steps_cache)
                 runs.append({"run": i, "seed": seed, "lr": float(lr), "results": results})
+                for entry in log:
+                    mf.write(json.dumps({"run": i, "seed": seed, "lr": float(lr),
+                                         "split": "train_log", **entry}) + "\n")
                 for name, m in results.items():
                     mf.write(json.dumps({"run": i, "seed": seed, "lr": float(lr),
                                          "split": name, **m}) + "\n")
@@ -253,20 +259,31 @@ def run(config, workdir: str, progress: bool = True) -> dict:
         summary = {"summary": True, "split": main_set, "runs": len(runs),
                    "best_seed": runs[summary["best_run"]]["seed"],
                    "best_lr": runs[summary["best_run"]]["lr"], **summary}
+        for other in labeled[1:]:  # e.g. MNLI mismatched: its mean / std / value at best
+            extra = metrics_lib.summarize_restarts([x["results"][other] for x in runs],
+                                                   key=task.main_metric)
+            extra["best_run"] = summary["best_run"]
+            summary.update({f"{other}/{k}": v for k, v in extra.items()
+                            if k.endswith(("_mean", "_std"))})
         mf.write(json.dumps(summary) + "\n")
-    print(results_table(runs, main_set, task.main_metric))
+    for name in labeled:
+        print(results_table(runs, name, task.main_metric, best=summary["best_run"]))
     return summary
 
 
 def _save_best(workdir, params, bert_config, vocab):
     from bert_jax.convert.model_dir import save_model_dir
 
+    # Written beside the previous best and swapped in, so a crash never loses both.
     path = os.path.join(workdir, "best_model")
+    shutil.rmtree(path + ".new", ignore_errors=True)
+    save_model_dir(path + ".new", _host(params), bert_config, vocab)
     shutil.rmtree(path, ignore_errors=True)
-    save_model_dir(path, _host(params), bert_config, vocab)
+    os.replace(path + ".new", path)
 
 
-def results_table(runs, main_set: str, key: str) -> str:
+def results_table(runs, main_set: str, key: str, best: Optional[int] = None) -> str:
+    """Per-run metrics on one eval set, then mean and std, and which run is best."""
     names = [k for k, v in runs[0]["results"][main_set].items() if isinstance(v, float)][:6]
     lines = [f"{'run':>3} {'seed':>5} {'lr':>8} " + " ".join(f"{n:>12}" for n in names)]
     for x in runs:
@@ -276,8 +293,9 @@ def results_table(runs, main_set: str, key: str) -> str:
     vals = np.array([[x["results"][main_set][n] for n in names] for x in runs])
     lines.append(f"{'mean':>18} " + " ".join(f"{v:>12.4f}" for v in vals.mean(0)))
     lines.append(f"{'std':>18} " + " ".join(f"{v:>12.4f}" for v in vals.std(0)))
-    best = int(np.nanargmax([x["results"][main_set][key] for x in runs]))
-    lines.append(f"best on {main_set} by {key}: run {best}")
+    if best is None:
+        best = int(np.nanargmax([x["results"][main_set][key] for x in runs]))
+    lines.insert(0, f"== {main_set} (best run by {key} on the first dev set: {best}) ==")
     return "\n".join(lines)
 
 

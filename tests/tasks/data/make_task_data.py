@@ -9,7 +9,7 @@ pairs/  (GLUE "tsv" format: index, sentence1, sentence2, label)
     part of A with one or two words dropped; label 0: B is a span of a neighbouring speech
     of the same scene (same names and topic). 50/50.
 squad/  (SQuAD JSON, v1.1 and v2.0)
-    Context: 3-5 consecutive speeches (<= 16 words each) written "SPEAKER: words", at least
+    Context: 3-4 consecutive speeches (<= 12 words each) written "SPEAKER: words", at least
     two speakers. Question: "Who says '<opening 4-7 words of one speech>'?"; answer: that
     speech's SPEAKER span in the context.
     v2.0 adds unanswerable questions quoting a speech of the same play that is NOT in the
@@ -105,7 +105,7 @@ def make_squad(plays, rng, n, version, prefix):
     while count < n:
         play = rng.choice(names)
         sp = plays[play]
-        k = rng.randint(3, 5)
+        k = rng.randint(3, 4)
         i = rng.randrange(len(sp) - k)
         window = sp[i:i + k]
         if len({s[0] for s in window}) != 1 or len({s[1] for s in window}) < 2:
@@ -113,7 +113,7 @@ def make_squad(plays, rng, n, version, prefix):
         context, starts = "", []
         for _, speaker, text in window:
             starts.append(len(context))
-            context += f"{speaker}: {clip(text, 16)}\n"
+            context += f"{speaker}: {clip(text, 12)}\n"
         context = context.rstrip("\n")
         j = rng.randrange(k)
         speaker, text = window[j][1], window[j][2]
