@@ -184,3 +184,22 @@ def test_failure_leaves_no_partial_output(tmp_path, monkeypatch, workers):
         assert calls == [0, 1, 2]
     assert out.read_bytes() == b"previous complete file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.tfrecord"]
+
+
+def test_masked_positions_are_uniform_over_candidates(sample_run, tok):
+    """Every non-special position is masked equally often (no bias to the start, the end,
+    segment A or B), at the rate n_pred / n_candidates."""
+    _, ex = sample_run
+    ids = restore(ex)
+    cand = (ex["input_mask"] > 0) & (ids != tok.cls_id) & (ids != tok.sep_id)
+    masked = np.zeros_like(cand)
+    w = ex["masked_lm_weights"] > 0
+    masked[np.nonzero(w)[0], ex["masked_lm_positions"][w]] = True
+    full = ex["input_mask"].sum(1) == S  # rate 19 / 125 on every full-length instance
+    rate = masked[full].sum(0)[1:S - 1] / np.maximum(cand[full].sum(0)[1:S - 1], 1)
+    n = full.sum()
+    assert n > 5000
+    sd = np.sqrt(0.152 * 0.848 / n)
+    seen = cand[full].sum(0)[1:S - 1] > n / 2  # positions that are text in most rows
+    assert seen.sum() > 100
+    assert np.abs(rate[seen] - 19 / 125).max() < 5 * sd * np.sqrt(2), rate[seen]
