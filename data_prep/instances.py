@@ -22,7 +22,8 @@ Differences, for bounded memory and speed (statistics are the same):
   not of the whole corpus, and instances are shuffled within the chunk, not globally;
 * the truncation is computed in closed form (how many tokens leave each segment, then a
   binomial front/back split) instead of one token at a time; masking is vectorized with
-  numpy over a batch of instances. Random streams differ from the original's, so the
+  numpy over a batch of instances (positions from a partial Fisher-Yates shuffle of the
+  candidates instead of a full shuffle: the same uniform choice). Random streams differ from the original's, so the
   output is not byte-equal to it - only equal in distribution.
 
 `--no_nsp` (RoBERTa's FULL-SENTENCES): `[CLS] s_i ... s_j [SEP]` packed from consecutive
@@ -232,6 +233,9 @@ def assemble(src: np.ndarray, spec: np.ndarray, cfg: InstanceConfig, vi: VocabIn
 
     if cfg.do_whole_word_mask:
         chosen = _whole_word_choice(ids, cand, n_pred, P, vi, rng)
+    elif not src_has_special:
+        # Candidates are exactly the text positions: choose among their indices.
+        chosen = _uniform_text_positions(la[:, 0], (la + lb)[:, 0], n_pred, P, S, rng)
     else:
         keys = rng.random((n, S), dtype=np.float32)
         np.putmask(keys, ~cand, 2.0)  # never chosen before a candidate
@@ -265,6 +269,31 @@ def assemble(src: np.ndarray, spec: np.ndarray, cfg: InstanceConfig, vi: VocabIn
         "decision": decision,
         "n_candidates": n_cand,
     }
+
+
+def _uniform_text_positions(la, n_text, n_pred, P: int, S: int, rng) -> np.ndarray:
+    """n_pred distinct positions per row, uniform among the row's n_text text positions
+    (1..la, then la+2.. past A's [SEP]): the first n_pred steps of a Fisher-Yates shuffle
+    of the text indices, vectorized over rows. <int64>[n, P], padded with S."""
+    n = len(la)
+    perm = np.broadcast_to(np.arange(S, dtype=np.int32), (n, S)).copy()
+    u = rng.random((n, P))
+    for t in range(min(P, S)):
+        live = np.flatnonzero(n_pred > t)
+        if not len(live):
+            break
+        # swap index t with one drawn uniformly from t..n_text-1
+        j = t + (u[live, t] * (n_text[live] - t)).astype(np.int64)
+        a, b = perm[live, t].copy(), perm[live, j]
+        perm[live, t] = b
+        perm[live, j] = a
+    k = min(P, S)
+    idx = perm[:, :k].astype(np.int64)
+    pos = idx + 1 + (idx >= la[:, None])
+    chosen = np.where(np.arange(k)[None] < n_pred[:, None], pos, S)
+    if k < P:
+        chosen = np.pad(chosen, ((0, 0), (0, P - k)), constant_values=S)
+    return chosen
 
 
 def _whole_word_choice(ids, cand, n_pred, P: int, vi: VocabInfo, rng) -> np.ndarray:
