@@ -3,6 +3,7 @@
   pretrain.py      the `config.data` section and the entry points the trainer calls:
                    train_iterator / eval_iterator / check_input (TF imported lazily)
   tfrecord.py      the tf.data pipeline over the original BERT TFRecords, its exact state
+  shards.py        globs, per-host file shares, corrupt / truncated shard scans
   masking.py       dynamic (RoBERTa) re-masking in TF ops
   synthetic.py     `data.source="synthetic"`: batches of the right shapes, no TensorFlow
   device.py        host batch -> global jax.Array on the mesh; device prefetch thread

@@ -64,8 +64,8 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
            max_predictions_per_seq: int | None = None, num_records: int = 1000,
            max_files: int = 64, verify: bool = False, show: int = 2) -> dict[str, Any]:
     """The doctor's findings as a dict (see `format_report`)."""
-    from bert_jax.data import pretrain, tfrecord
-    all_files = tfrecord.expand_files(patterns)
+    from bert_jax.data import pretrain, shards
+    all_files = shards.expand_files(patterns)
     files, records, unreadable = sample(all_files, num_records, max_files)
     r: dict[str, Any] = dict(num_files=len(all_files), sampled_files=len(files),
                              num_records=len(records), unreadable=unreadable)
@@ -104,7 +104,7 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
 
     problems = [(p, f"unreadable: {e}") for p, e in unreadable]
     if verify:
-        scanned = tfrecord.scan_files(all_files)
+        scanned = shards.scan_files(all_files)
         bad = [(f, n, e) for f, (n, e) in scanned.items() if e]
         r["verified"] = dict(files=len(all_files), records=sum(n for n, _ in scanned.values()),
                              corrupt=len(bad))

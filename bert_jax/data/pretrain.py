@@ -129,12 +129,12 @@ def _check_source(cfg):
 
 def host_files(cfg, patterns: str, process_index: int, process_count: int):
     """(this host's files, record_level, skipped corrupt files)."""
-    from bert_jax.data import tfrecord
-    files = tfrecord.expand_files(patterns)
-    mine, record_level = tfrecord.shard_files(files, process_index, process_count)
+    from bert_jax.data import shards
+    files = shards.expand_files(patterns)
+    mine, record_level = shards.shard_files(files, process_index, process_count)
     skipped = []
     if cfg.skip_corrupt:
-        mine, skipped = tfrecord.drop_corrupt(mine)
+        mine, skipped = shards.drop_corrupt(mine)
     return mine, record_level, skipped
 
 
@@ -175,8 +175,8 @@ def eval_iterator(cfg, *, process_index: int | None = None,
                                        local_batch=local_batch, num_batches=num_batches or 4)
     if not cfg.eval_files:
         raise ValueError("data.eval_files is empty: nothing to evaluate")
-    from bert_jax.data import tfrecord
-    files = tfrecord.expand_files(cfg.eval_files)
+    from bert_jax.data import shards, tfrecord
+    files = shards.expand_files(cfg.eval_files)
     return tfrecord.EvalIterable(cfg, files, process_index=index, process_count=count,
                                  local_batch=local_batch)
 
@@ -195,8 +195,8 @@ def check_input(cfg, *, process_index: int | None = None,
     for patterns in (cfg.train_files, cfg.eval_files):
         if not patterns:
             continue
-        from bert_jax.data import tfrecord
-        files, _ = tfrecord.shard_files(tfrecord.expand_files(patterns), index, count)
+        from bert_jax.data import shards
+        files, _ = shards.shard_files(shards.expand_files(patterns), index, count)
         checks.check_files(files, max_seq_length=cfg.max_seq_length,
                            max_predictions_per_seq=cfg.max_predictions_per_seq,
                            vocab_size=vocab["vocab_size"],

@@ -36,12 +36,10 @@ is seen once and order does not matter.
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import json
 import logging
 import math
-import re
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -50,6 +48,8 @@ from tensorflow.python.ops import gen_dataset_ops
 
 from bert_jax.data import features as features_lib
 from bert_jax.data import state as state_lib
+from bert_jax.data.shards import (CorruptShardError, count_records, find_corrupt,
+                                  short_error)
 
 log = logging.getLogger(__name__)
 
@@ -57,136 +57,6 @@ AUTOTUNE = tf.data.AUTOTUNE
 STATE_VERSION = 1
 # ExternalStatePolicy.FAIL: refuse to checkpoint a pipeline with hidden state.
 _FAIL = 2
-
-
-class CorruptShardError(RuntimeError):
-    """A TFRecord file is truncated or corrupt."""
-
-
-# ---------------------------------------------------------------- files and sharding
-
-
-def expand_files(patterns: str | Sequence[str]) -> list[str]:
-    """Sorted, de-duplicated files matching comma-separated globs (or a list of them).
-
-    Raises FileNotFoundError naming the glob that matches nothing.
-    """
-    if isinstance(patterns, str):
-        patterns = [p for p in patterns.split(",")]
-    patterns = [p.strip() for p in patterns if p and p.strip()]
-    if not patterns:
-        raise FileNotFoundError("no input files given (data.train_files / --input is empty)")
-    files = set()
-    for pattern in patterns:
-        found = tf.io.gfile.glob(pattern)
-        if not found:
-            raise FileNotFoundError(f"input glob {pattern!r} matches no file")
-        files.update(found)
-    return sorted(files)
-
-
-def shard_files(files: Sequence[str], process_index: int,
-                process_count: int) -> tuple[list[str], bool]:
-    """This host's share: (files, record_level).
-
-    File-level sharding (host i reads files i, i+P, i+2P, ... of the sorted list) when there
-    are at least as many files as hosts: every byte is read by exactly one host. With fewer
-    files than hosts, every host reads every file and keeps every P-th record (record_level
-    True): still disjoint and complete, but each host reads all the data, so it is only a
-    fallback (a warning says so) for small data on many hosts.
-    """
-    if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index {process_index} not in [0, {process_count})")
-    if len(files) >= process_count:
-        if len(files) % process_count:
-            log.warning("%d input files over %d hosts: hosts get %d or %d files each",
-                        len(files), process_count, len(files) // process_count,
-                        len(files) // process_count + 1)
-        return list(files[process_index::process_count]), False
-    log.warning(
-        "only %d input file(s) for %d hosts: falling back to record-level sharding (every "
-        "host reads every file and keeps 1/%d of the records). Write at least %d shards to "
-        "avoid the extra reading.", len(files), process_count, process_count, process_count)
-    return list(files), True
-
-
-# ---------------------------------------------------------------- corrupt files
-
-
-def _framed_bytes(path: str) -> tuple[int, int]:
-    """(records, bytes they occupy in the file incl. the 16 bytes of framing each)."""
-    def add(acc, record):
-        return acc[0] + 1, acc[1] + 16 + tf.cast(tf.strings.length(record), tf.int64)
-    n, size = tf.data.TFRecordDataset(path).reduce((np.int64(0), np.int64(0)), add)
-    return int(n), int(size)
-
-
-def scan_file(path: str) -> tuple[int, str | None]:
-    """(readable records, error message or None): reads every record (framing and CRCs,
-    no parsing) and checks that they end exactly at the end of the file. The size check
-    catches a file cut inside a record header, which TF's reader takes for a clean end."""
-    try:
-        count, framed = _framed_bytes(path)
-    except tf.errors.OpError as e:
-        good = tf.data.TFRecordDataset(path).ignore_errors().reduce(np.int64(0),
-                                                                      lambda n, _: n + 1)
-        return int(good), _short(e)
-    size = tf.io.gfile.stat(path).length
-    if framed != size:
-        return count, (f"the file has {size} bytes but its {count} records end at byte "
-                       f"{framed}: truncated inside a record header (or trailing garbage)")
-    return count, None
-
-
-def _short(error: Exception) -> str:
-    message = getattr(error, "message", str(error))
-    message = re.sub(r"\{\{function_node[^}]*\}\}\s*", "", message)
-    return message.split(" [Op:")[0].strip()
-
-
-def scan_files(files: Sequence[str], threads: int = 8) -> dict[str, tuple[int, str | None]]:
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        return dict(zip(files, pool.map(scan_file, files)))
-
-
-def find_corrupt(files: Sequence[str], error: Exception) -> list[tuple[str, int, str]]:
-    """The files among `files` that fail to read: [(file, good records, error)].
-
-    Only files longer than the byte offset named in the error are scanned.
-    """
-    offset = re.search(r"record at (\d+)", str(error))
-    candidates = list(files)
-    if offset:
-        need = int(offset.group(1))
-        candidates = [f for f in files if tf.io.gfile.stat(f).length > need]
-    found = scan_files(candidates)
-    return [(f, n, e) for f, (n, e) in found.items() if e is not None]
-
-
-def drop_corrupt(files: Sequence[str]) -> tuple[list[str], list[tuple[str, int, str]]]:
-    """`data.skip_corrupt=True`: scans `files` once, returns (good files, skipped)."""
-    found = scan_files(files)
-    bad = [(f, n, e) for f, (n, e) in found.items() if e is not None]
-    for f, n, e in bad:
-        log.warning("skipping corrupt shard %s (%s; %d readable records)", f, e, n)
-    if bad:
-        log.warning("skip_corrupt: skipped %d of %d shards", len(bad), len(files))
-    good = [f for f in files if found[f][1] is None]
-    if not good:
-        raise CorruptShardError(f"all {len(files)} input shards are corrupt: "
-                                + "; ".join(f"{f}: {e}" for f, _, e in bad[:5]))
-    return good, bad
-
-
-def count_records(files: Sequence[str], threads: int = 8) -> dict[str, int]:
-    """Number of records of each file (reads and verifies them; for evaluation sets)."""
-    def count(path):
-        n, error = scan_file(path)
-        if error:
-            raise CorruptShardError(f"{path}: {error}")
-        return n
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        return dict(zip(files, pool.map(count, files)))
 
 
 # ---------------------------------------------------------------- parsing and masking
@@ -416,13 +286,13 @@ class TFRecordIterator:
             bad = find_corrupt(self.files, e)
             names = "; ".join(f"{f}: {msg} (after {n} good records)" for f, n, msg in bad)
             raise CorruptShardError(
-                f"corrupt or truncated input shard: {names or _short(e)}. Re-create it, or "
+                f"corrupt or truncated input shard: {names or short_error(e)}. Re-create it, or "
                 f"set data.skip_corrupt=True to leave corrupt shards out.") from None
         except tf.errors.InvalidArgumentError as e:
             raise ValueError(
                 f"cannot parse the input records as BERT pre-training features with "
                 f"max_seq_length={self._cfg.max_seq_length}, max_predictions_per_seq="
-                f"{self._cfg.max_predictions_per_seq}: {_short(e)}. Run `python -m "
+                f"{self._cfg.max_predictions_per_seq}: {short_error(e)}. Run `python -m "
                 f"bert_jax.data.inspect --input=...` on the files to see what they hold."
             ) from None
         self.batches += 1
@@ -459,7 +329,7 @@ class TFRecordIterator:
         except (tf.errors.OpError, ValueError) as e:
             log.warning("cannot restore the tf.data iterator state (%s); rebuilding the "
                         "pipeline and skipping %d batches instead (exact, but re-reads the "
-                        "data)", _short(e), meta["batches"])
+                        "data)", short_error(e), meta["batches"])
             self._build(int(meta["batches"]))
 
     def save(self, path) -> None:

@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from bert_jax.data import checks, pretrain, tfrecord
+from bert_jax.data import checks, pretrain, shards
 from tests.data import fixtures
 
 
@@ -89,7 +89,7 @@ def test_corrupt_shard_error_names_the_file(good):
     _truncate(paths[1])
     it = pretrain.train_iterator(_cfg(str(d / "*.tfrecord")), process_index=0,
                                  process_count=1)
-    with pytest.raises(tfrecord.CorruptShardError) as e:
+    with pytest.raises(shards.CorruptShardError) as e:
         for _ in range(20):
             next(it)
     assert paths[1] in str(e.value) and "truncated record" in str(e.value)
@@ -126,8 +126,8 @@ def test_cut_inside_a_record_header_is_caught_by_the_scan(good):
         (n,) = struct.unpack("<Q", data[offset:offset + 8])
         offset += 16 + n
     open(paths[0], "wb").write(data[:offset + 5])
-    count, error = tfrecord.scan_file(paths[0])
+    count, error = shards.scan_file(paths[0])
     assert count == 7 and "truncated inside a record header" in error
-    assert tfrecord.scan_file(paths[1]) == (20, None)
-    with pytest.raises(tfrecord.CorruptShardError, match=paths[0]):
-        tfrecord.count_records(paths)
+    assert shards.scan_file(paths[1]) == (20, None)
+    with pytest.raises(shards.CorruptShardError, match=paths[0]):
+        shards.count_records(paths)

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from bert_jax.data import features as features_lib
-from bert_jax.data import checks, pretrain, tfrecord
+from bert_jax.data import checks, pretrain
+from bert_jax.data import shards as shard_lib
 from tests.data import fixtures
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -102,7 +103,7 @@ def test_two_hosts_read_disjoint_files_covering_all(shards):
     for host in (0, 1):
         it = pretrain.train_iterator(cfg, process_index=host, process_count=2)
         assert it.local_batch == 4
-        mine, record_level = tfrecord.shard_files(sorted(paths), host, 2)
+        mine, record_level = shard_lib.shard_files(sorted(paths), host, 2)
         assert not record_level and it.files == mine
         # Two epochs of this host's records: every one of its files shows up, no other.
         n = sum(len([k for k in records if k[0] == paths.index(f)]) for f in mine)
