@@ -26,8 +26,8 @@ TensorFlow). This module imports TensorFlow only when a tfrecord pipeline is bui
 
 Iterator state: `get_state()` returns a flat dict of numpy arrays, host-local; store it with
 `bert_jax.data.checkpointing.InputStateSave` in the orbax checkpoint (one file per process). For
-tfrecord it is tf.data's own serialized iterator (read offsets + shuffle buffer, restored
-at once, exact); see `bert_jax.data.tfrecord` for why.
+tfrecord it is tf.data's own serialized iterator (read offsets + the partial shuffle window,
+restored at once, exact); see `bert_jax.data.tfrecord` for why.
 """
 
 from __future__ import annotations
@@ -75,6 +75,8 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.check_records_per_file = 2  # records of each file checked by check_input
     c.prefetch_to_device = 2     # batches put on device ahead (device.DevicePrefetcher)
     for key, value in overrides.items():
+        if key not in c:
+            raise KeyError(f"data_config: unknown key {key!r}; known keys: {sorted(c.keys())}")
         setattr(c, key, value)
     return c
 

@@ -126,6 +126,11 @@ def test_fewer_files_than_hosts_falls_back_to_records(tmp_path, caplog):
     assert seen[0].isdisjoint(seen[1]) and len(seen[0] | seen[1]) == 24
 
 
+def test_unknown_config_key_is_an_error():
+    with pytest.raises(KeyError, match="shuffle_bufer"):
+        pretrain.data_config(shuffle_bufer=10)
+
+
 def test_missing_glob_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing-here"):
         pretrain.train_iterator(_cfg(str(tmp_path / "nothing-here*")), process_index=0,
