@@ -7,7 +7,7 @@ examples written repeatedly; ~90% full-length pairs as create_pretraining_data m
 short_seq_prob=0.1), then times, for each length:
   ceiling  bare TFRecordDataset + batched parse_example of the seven features, tensors
            left in TF (no shuffle, no interleave, no numpy)
-  static0  static with data.read_threads=0 (files interleaved in the pipeline thread)
+  staticN  static with data.read_threads=-2 (AUTOTUNE reader threads, the choice for gs://)
   static   bert_jax.data.pretrain.train_iterator: sharding, interleave, seeded shuffle,
            batch, parse, prefetch, numpy hand-off (what the trainer gets)
   dynamic  the same with data.dynamic_masking=True (re-masked in TF ops)
@@ -105,7 +105,7 @@ def main():
         try:
             pattern, size = write_data(tmp, seq)
             rows = [("ceiling", ceiling(pattern, seq, args.batch))]
-            for name, dynamic, threads in (("static", False, -1), ("static0", False, 0),
+            for name, dynamic, threads in (("static", False, -1), ("staticN", False, -2),
                                            ("dynamic", True, -1)):
                 cfg = pretrain.data_config(
                     train_files=pattern, max_seq_length=seq,

@@ -58,8 +58,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.seed = 0
     c.num_parallel_reads = 16    # files read at once (interleave cycle length)
     c.interleave_block = 16      # consecutive records taken from one file at a time
-    c.read_threads = -1          # interleave threads: -1 AUTOTUNE (needed on GCS); 0 reads
-                                 # in the pipeline thread (cheaper on a local disk, few cores)
+    c.read_threads = -1          # interleave threads: -1 auto (0 for local files, AUTOTUNE
+                                 # for gs:// and other remote ones), 0 = the pipeline's own
+                                 # thread (cheapest on local disks), N, or -2 = AUTOTUNE
     c.read_buffer_bytes = 1 << 20  # TFRecordDataset read buffer per file
     c.dynamic_masking = False    # re-mask on the fly (RoBERTa); else the files' masks
     c.masked_lm_prob = 0.15

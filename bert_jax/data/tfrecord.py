@@ -101,12 +101,19 @@ def _signature(cfg, files, process_index, process_count, local_batch) -> dict[st
                 dynamic_masking=cfg.dynamic_masking)
 
 
-def _read_parallelism(cfg) -> dict[str, Any]:
-    # Same record order either way (deterministic): only the cost differs.
-    if cfg.read_threads == 0:
+def _read_parallelism(cfg, files: Sequence[str]) -> dict[str, Any]:
+    """Interleave threads. Same record order either way (deterministic): only cost differs.
+
+    On local files the pipeline's own thread reads fastest (on this 2-core machine ~15% less
+    CPU per example than AUTOTUNE threads); remote files (gs://...) need parallel reads to
+    hide latency.
+    """
+    threads = cfg.read_threads
+    if threads == -1:
+        threads = -2 if any("://" in f for f in files) else 0
+    if threads == 0:
         return {}
-    threads = AUTOTUNE if cfg.read_threads < 0 else cfg.read_threads
-    return dict(num_parallel_calls=threads, deterministic=True)
+    return dict(num_parallel_calls=AUTOTUNE if threads < 0 else threads, deterministic=True)
 
 
 def train_dataset(cfg, files: Sequence[str], *, process_index: int, process_count: int,
@@ -130,7 +137,7 @@ def train_dataset(cfg, files: Sequence[str], *, process_index: int, process_coun
     cycle = max(1, min(cfg.num_parallel_reads, len(files)))
     ds = ds.interleave(lambda f: tf.data.TFRecordDataset(f, buffer_size=cfg.read_buffer_bytes),
                        cycle_length=cycle, block_length=cfg.interleave_block,
-                       **_read_parallelism(cfg))
+                       **_read_parallelism(cfg, files))
     if record_level:
         ds = ds.shard(process_count, process_index)
     if cfg.shuffle and cfg.shuffle_buffer > local_batch:

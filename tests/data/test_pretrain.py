@@ -139,10 +139,11 @@ def test_missing_glob_names_it(tmp_path):
         pretrain.train_iterator(_cfg(str(tmp_path / "x*")), process_index=0, process_count=3)
 
 
-@pytest.mark.parametrize("dynamic", [False, True])
-def test_state_roundtrip_in_process_is_exact(shards, dynamic, tmp_path):
+@pytest.mark.parametrize("dynamic,read_threads", [(False, -1), (True, -1), (True, -2)])
+def test_state_roundtrip_in_process_is_exact(shards, dynamic, read_threads, tmp_path):
+    """read_threads -1: local files read in the pipeline thread; -2: AUTOTUNE threads."""
     pattern, _, _ = shards
-    cfg = _cfg(pattern, dynamic_masking=dynamic)
+    cfg = _cfg(pattern, dynamic_masking=dynamic, read_threads=read_threads)
     it = pretrain.train_iterator(cfg, process_index=1, process_count=2)
     for _ in range(7):
         next(it)
