@@ -96,3 +96,48 @@ def test_synthetic_device_and_checkpoint_without_tensorflow(tmp_path):
     out = subprocess.run([sys.executable, "-c", _NO_TF, str(tmp_path / "ckpt")], env=env,
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+
+
+_HOST = r"""
+import sys
+import numpy as np
+import jax
+jax.distributed.initialize(coordinator_address=sys.argv[1], num_processes=2,
+                           process_id=int(sys.argv[2]))
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh
+from bert_jax.data import device, pretrain
+
+assert jax.process_count() == 2 and jax.device_count() == 4
+cfg = pretrain.data_config(source="synthetic", batch_size=8, max_seq_length=16,
+                           max_predictions_per_seq=3)
+mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 1), ("data", "fsdp", "tensor"))
+with device.DevicePrefetcher(pretrain.train_iterator(cfg), device.batch_sharding(mesh)) as pf:
+    batch = next(pf)
+everything = multihost_utils.process_allgather(batch, tiled=True)
+for name, value in everything.items():
+    # the global batch is host 0's local batch followed by host 1's
+    want = np.concatenate([pretrain.train_iterator(cfg, process_index=h,
+                                                   process_count=2).batch(0)[name]
+                           for h in (0, 1)])
+    assert value.shape[0] == 8, value.shape
+    np.testing.assert_array_equal(value, want, err_msg=name)
+print("host", jax.process_index(), "OK", flush=True)
+"""
+
+
+def test_two_processes_assemble_one_global_batch(tmp_path):
+    """Two real JAX processes (2 CPU devices each): each feeds its host-local batch and the
+    global array is the two batches, in process order, on the ("data", "fsdp") axes."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    procs = [subprocess.Popen([sys.executable, "-c", _HOST, f"localhost:{port}", str(i)],
+                              env=env, cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for i, (p, (out, err)) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0 and f"host {i} OK" in out, err[-3000:]
