@@ -81,7 +81,16 @@ def test_data_prep_tool_output_reads_back_identically(data_prep_run):
     # and the training iterator yields the same records, re-masked on the fly if asked
     cfg.dynamic_masking = True
     batch = next(pretrain.train_iterator(cfg, process_index=0, process_count=1))
-    originals = {tuple(helpers.restore({k: np.stack([e[k]]) for k in FEATURES})[0])
+    originals = {tuple(helpers.restore({k: np.stack([e[k]]) for k in FEATURES})[0]): e
                  for e in expected}
     remasked = helpers.restore(batch)
     assert all(tuple(row) in originals for row in remasked)
+    # Parity with data_prep's own masking: the same number of predictions per record, and
+    # a different choice of positions (a fresh mask).
+    same_positions = 0
+    for row, ids in enumerate(remasked):
+        static = originals[tuple(ids)]
+        assert batch["masked_lm_weights"][row].sum() == static["masked_lm_weights"].sum()
+        same_positions += np.array_equal(batch["masked_lm_positions"][row],
+                                         static["masked_lm_positions"])
+    assert same_positions < len(remasked) // 4
