@@ -11,8 +11,10 @@ jitted train step and one jitted eval step. Evaluation visits every example (the
 is padded with zero-weight rows). `train.num_restarts` runs seeds seed..seed+N-1 (times each
 lr of `schedule.lr_grid`, if set), keeps the best on the first dev set by the task's main
 metric, and reports mean and std. Writes, in workdir:
-    metrics.jsonl          one line per (run, eval set), then a "summary" line
-    run_<i>/...            each run's prediction files
+    metrics.jsonl          one line per run ("dev/accuracy", "train/seconds", ...), then a
+                           "summary" line ("dev/accuracy_mean", "_std", "_best", best_run)
+    run_<i>/...            each run's prediction files, its metrics.jsonl (train/loss every
+                           log_every steps, final eval) and TensorBoard events
     best_model/            the best run as a model directory (config + params + vocab)
 """
 
@@ -158,6 +160,11 @@ def train_and_evaluate(task, bert_config: BertConfig, init_params: Optional[dict
         params = merge_encoder(params, init_params, str(config.train.init_checkpoint))
     opt_state = tx.init(params)
 
+    writer = None
+    if out_dir:
+        from bert_jax.train.metrics import MetricWriter
+
+        writer = MetricWriter(out_dir, tensorboard=bool(config.train.tensorboard))
     bar = None
     if progress and jax.process_index() == 0:
         from tqdm import tqdm
@@ -174,6 +181,9 @@ def train_and_evaluate(task, bert_config: BertConfig, init_params: Optional[dict
             if not np.isfinite(m["loss"]):
                 raise FloatingPointError(f"loss is {m['loss']} at step {step + 1}")
             log.append({"step": step + 1, "loss": m["loss"], "grad_norm": m["grad_norm"]})
+            if writer is not None:
+                writer.write(step + 1, {"train/loss": m["loss"],
+                                        "train/grad_norm": m["grad_norm"]})
             if bar is not None:
                 bar.set_postfix(loss=f"{m['loss']:.4f}")
         if bar is not None:
@@ -190,8 +200,13 @@ def train_and_evaluate(task, bert_config: BertConfig, init_params: Optional[dict
         results[eval_set.name] = task.evaluate(eval_set, kept)
         if out_dir:
             task.write_predictions(eval_set, kept, out_dir)
+        if writer is not None and results[eval_set.name]:
+            writer.write(total_steps, {f"{eval_set.name}/{k}": v
+                                       for k, v in results[eval_set.name].items()})
     results["train"] = {"seconds": train_seconds, "steps": total_steps,
                         "final_loss": log[-1]["loss"] if log else float("nan")}
+    if writer is not None:
+        writer.close()
     return results, params, log
 
 
@@ -240,12 +255,10 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                     task, bert_config, init_params, train_features, eval_sets, config, seed,
                     float(lr), os.path.join(workdir, f"run_{i}"), progress, steps_cache)
                 runs.append({"run": i, "seed": seed, "lr": float(lr), "results": results})
-                for entry in log:
-                    mf.write(json.dumps({"run": i, "seed": seed, "lr": float(lr),
-                                         "split": "train_log", **entry}) + "\n")
-                for name, m in results.items():
-                    mf.write(json.dumps({"run": i, "seed": seed, "lr": float(lr),
-                                         "split": name, **m}) + "\n")
+                record = {"run": i, "seed": seed, "lr": float(lr)}
+                record.update({f"{name}/{k}": v for name, m in results.items()
+                               for k, v in m.items()})
+                mf.write(json.dumps(record) + "\n")
                 mf.flush()
                 key = task.main_metric
                 score = results[main_set].get(key, float("nan"))
@@ -256,15 +269,19 @@ def run(config, workdir: str, progress: bool = True) -> dict:
                              results[main_set])
         summary = metrics_lib.summarize_restarts(
             [x["results"][main_set] for x in runs], key=task.main_metric)
-        summary = {"summary": True, "split": main_set, "runs": len(runs),
+        summary = {"summary": True, "selected_on": main_set, "runs": len(runs),
                    "best_seed": runs[summary["best_run"]]["seed"],
-                   "best_lr": runs[summary["best_run"]]["lr"], **summary}
+                   "best_lr": runs[summary["best_run"]]["lr"],
+                   **{k if k == "best_run" else f"{main_set}/{k}": v
+                      for k, v in summary.items()}}
         for other in labeled[1:]:  # e.g. MNLI mismatched: its mean / std / value at best
             extra = metrics_lib.summarize_restarts([x["results"][other] for x in runs],
                                                    key=task.main_metric)
-            extra["best_run"] = summary["best_run"]
+            best = summary["best_run"]
             summary.update({f"{other}/{k}": v for k, v in extra.items()
                             if k.endswith(("_mean", "_std"))})
+            summary.update({f"{other}/{k}_best": float(v)
+                            for k, v in runs[best]["results"][other].items()})
         mf.write(json.dumps(summary) + "\n")
     for name in labeled:
         print(results_table(runs, name, task.main_metric, best=summary["best_run"]))

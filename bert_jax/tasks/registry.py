@@ -7,7 +7,7 @@ configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` 
     train       init_checkpoint (model dir or HF dir), random_init (control run: same
                 architecture, fresh weights), batch_size 32, eval_batch_size, num_epochs 3,
                 max_steps (-1: from epochs), num_restarts, seed, log_every, save_best_model
-                (workdir/best_model as a model directory)
+                (workdir/best_model as a model directory), tensorboard (per-run events)
     optimizer   bert_jax.optim: adamw, b1 0.9, b2 0.999, eps 1e-6, weight_decay 0.01,
                 clip_norm 1.0
     schedule    lr (peak), lr_grid (optional sweep, e.g. (5e-5, 3e-5, 2e-5)), warmup_ratio 0.1
@@ -31,7 +31,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict(dict(
         init_checkpoint="", random_init=False, batch_size=32, eval_batch_size=64,
         num_epochs=3.0, max_steps=-1, num_restarts=1, seed=0, log_every=10,
-        save_best_model=True))
+        save_best_model=True, tensorboard=True))
     c.optimizer = ml_collections.ConfigDict(dict(
         name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))
     c.schedule = ml_collections.ConfigDict(dict(

@@ -23,7 +23,7 @@ def _score(task, init, lr, tmp_path, key):
     from bert_jax.tasks import finetune
 
     config = _bench().config_for(task, init, lr, 3.0)
-    return finetune.run(config, str(tmp_path / init), progress=False)[f"{key}_mean"]
+    return finetune.run(config, str(tmp_path / init), progress=False)[f"dev/{key}_mean"]
 
 
 @pytest.mark.slow

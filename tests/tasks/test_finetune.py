@@ -22,6 +22,7 @@ def _tiny_config():
     c.train.max_steps = 4
     c.train.log_every = 2
     c.train.num_restarts = 2
+    c.train.tensorboard = False
     c.schedule.lr = 1e-3
     return c
 
@@ -35,13 +36,19 @@ def test_run_pairs_tiny_model(tmp_path):
     summary = finetune.run(c, str(tmp_path / "work"), progress=False)
     assert summary["runs"] == 2 and summary["best_run"] in (0, 1)
     lines = [json.loads(l) for l in open(tmp_path / "work" / "metrics.jsonl")]
-    dev = [l for l in lines if l.get("split") == "dev" and not l.get("summary")]
-    assert [l["seed"] for l in dev] == [0, 1]
-    assert all(0.0 <= l["accuracy"] <= 1.0 for l in dev)
-    assert lines[-1]["summary"] and lines[-1]["accuracy_mean"] == pytest.approx(
-        np.mean([l["accuracy"] for l in dev]))
-    train = [l for l in lines if l.get("split") == "train"]
-    assert all(l["steps"] == 4 and np.isfinite(l["final_loss"]) for l in train)
+    runs, summary = lines[:-1], lines[-1]
+    assert [l["seed"] for l in runs] == [0, 1]
+    assert all(0.0 <= l["dev/accuracy"] <= 1.0 for l in runs)
+    assert all(l["train/steps"] == 4 and np.isfinite(l["train/final_loss"]) for l in runs)
+    assert summary["summary"] and summary["dev/accuracy_mean"] == pytest.approx(
+        np.mean([l["dev/accuracy"] for l in runs]))
+    assert summary["dev/accuracy_std"] == pytest.approx(np.std([l["dev/accuracy"] for l in runs]))
+    best = summary["best_run"]
+    assert runs[best]["dev/score"] == max(l["dev/score"] for l in runs)
+    # Each run's own log: train/loss every log_every steps, then the eval.
+    run_log = [json.loads(l) for l in open(tmp_path / "work" / "run_0" / "metrics.jsonl")]
+    assert [r["step"] for r in run_log] == [2, 4, 4] and "train/loss" in run_log[0]
+    assert "dev/accuracy" in run_log[-1]
     # Every dev example predicted once, in order, despite the padded last batch.
     preds = (tmp_path / "work" / "run_0" / "dev_predictions-dev.tsv").read_text().splitlines()
     assert len(preds) == 201 and preds[1].startswith("0\t")
