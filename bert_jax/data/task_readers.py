@@ -94,6 +94,9 @@ GLUE_FORMATS = {
                        test_text_b="sentence2"),
     "ax": GlueFormat("diagnostic", "sentence1", "sentence2", "label", test_text_a="sentence1",
                      test_text_b="sentence2", tfds_text=("premise", "hypothesis")),
+    # Your own sentence(-pair) task: a header with sentence1, sentence2 (optional), label.
+    "tsv": GlueFormat("tsv", "sentence1", "sentence2", "label", test_text_a="sentence1",
+                      test_text_b="sentence2"),
 }
 
 # split name -> file name in the distributed GLUE directories (MNLI has two dev/test sets).
@@ -127,21 +130,24 @@ def read_glue_tsv(path: str, task: str, labeled: bool = True) -> list[PairExampl
     if has_header and not rows:
         raise DataError(f"{path}: empty file, expected a header line")
 
-    def col(name):
+    def col(name, optional=False):
         if name is None:
             return None
         if isinstance(name, int):
             return name
+        if optional and name not in header:
+            return None
         if name not in header:
             raise DataError(f"{path}: line 1: no column {name!r} in the header {header} "
                             f"(expected the GLUE {fmt.dir_name} format)")
         return header.index(name)
 
+    b_optional = task == "tsv"  # a single-sentence task of your own has no sentence2
     if labeled:
-        ia, ib, il = col(fmt.text_a), col(fmt.text_b), col(fmt.label)
+        ia, ib, il = col(fmt.text_a), col(fmt.text_b, b_optional), col(fmt.label)
         id_col = None
     else:
-        ia, ib, il = col(fmt.test_text_a), col(fmt.test_text_b), None
+        ia, ib, il = col(fmt.test_text_a), col(fmt.test_text_b, b_optional), None
         id_col = next((header.index(c) for c in ("index", "id") if c in header), None)
     need = max(i for i in (ia, ib, il, id_col) if i is not None)
     out = []

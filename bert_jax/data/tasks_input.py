@@ -151,7 +151,3 @@ def eval_batches(features: Mapping[str, np.ndarray], batch_size: int
         batch = {k: v[idx] for k, v in features.items()}
         batch["example_weights"] = weights
         yield batch
-
-
-def pad_to_length(ids: list[int], length: int, pad: int = 0) -> list[int]:
-    return ids + [pad] * (length - len(ids))

@@ -55,9 +55,6 @@ GLUE_TASKS = {
     "wnli": GlueSpec(BINARY, submission=("WNLI",)),
     "tsv": GlueSpec(BINARY, submission=("predictions",)),
 }
-# Metric set of the generic format: classification like MRPC, or regression like STS-B.
-readers.GLUE_FORMATS.setdefault("tsv", readers.GlueFormat(
-    "tsv", "sentence1", "sentence2", "label", test_text_a="sentence1", test_text_b="sentence2"))
 
 
 class GlueTask:

@@ -111,12 +111,9 @@ def convert_examples(examples: Sequence[SquadExample], tokenizer, max_seq_length
     if skipped:
         logging.warning("SQuAD: skipped %d training example(s) whose answer has no token",
                         skipped)
-    out = {k: np.asarray(v, np.int32).reshape(len(v), -1) if k in (
-        "input_ids", "input_mask", "segment_ids", "char_start", "char_end", "max_context")
-        else np.asarray(v, np.int32) for k, v in rows.items()}
-    if not len(out["example_index"]):
-        out = {k: (np.zeros([0, max_seq_length], np.int32) if v.ndim == 2 or k in (
-            "input_ids", "input_mask", "segment_ids", "char_start", "char_end",
-            "max_context") else np.zeros([0], np.int32)) for k, v in out.items()}
+    per_token = ("input_ids", "input_mask", "segment_ids", "char_start", "char_end",
+                 "max_context")
+    out = {k: np.asarray(v, np.int32).reshape((-1, max_seq_length) if k in per_token else (-1,))
+           for k, v in rows.items()}
     out["feature_index"] = np.arange(len(out["example_index"]), dtype=np.int32)
     return out

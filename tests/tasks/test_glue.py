@@ -241,3 +241,10 @@ def test_mnli_test_sets_and_ax_submission_files(tmp_path, tok):
                      "dev_predictions-dev_mismatched.tsv"]
     assert (tmp_path / "out" / "AX.tsv").read_text() == "index\tprediction\n0\tneutral\n1\tneutral\n"
     assert (tmp_path / "out" / "MNLI-mm.tsv").read_text() == "index\tprediction\n5\tneutral\n"
+
+
+def test_own_single_sentence_tsv(tmp_path):
+    path = _write(tmp_path / "train.tsv", "sentence1\tlabel\nGood play.\tpos\nDull.\tneg\n")
+    ex = readers.read_glue_tsv(path, "tsv")
+    assert [(e.text_a, e.text_b, e.label) for e in ex] == [("Good play.", None, "pos"),
+                                                           ("Dull.", None, "neg")]
