@@ -19,10 +19,10 @@ def _bench():
     return module
 
 
-def _score(task, init, lr, tmp_path, key):
+def _score(task, init, lr, tmp_path, key, epochs=3.0):
     from bert_jax.tasks import finetune
 
-    config = _bench().config_for(task, init, lr, 3.0)
+    config = _bench().config_for(task, init, lr, epochs)
     return finetune.run(config, str(tmp_path / init), progress=False)[f"dev/{key}_mean"]
 
 
@@ -36,7 +36,8 @@ def test_pairs_pretrained_beats_chance_and_random_init(tmp_path):
 
 @pytest.mark.slow
 def test_squad_pretrained_beats_random_init(tmp_path):
-    pretrained = _score("squad", "pretrained", 1e-4, tmp_path, "f1")
-    random_init = _score("squad", "random", 1e-4, tmp_path, "f1")
-    assert pretrained >= 50.0, pretrained
-    assert pretrained >= random_init + 20.0, (pretrained, random_init)
+    pretrained = _score("squad", "pretrained", 3e-4, tmp_path, "f1", epochs=4.0)
+    random_init = _score("squad", "random", 3e-4, tmp_path, "f1", epochs=4.0)
+    # Picking a random speaker of the context would score EM 42 on this dev set.
+    assert pretrained >= 80.0, pretrained
+    assert pretrained >= random_init + 30.0, (pretrained, random_init)
