@@ -317,9 +317,12 @@ def results_table(runs, main_set: str, key: str, best: Optional[int] = None) -> 
 
 
 def main(argv: Any) -> None:
-    del argv
-    from absl import flags
+    from absl import app, flags
 
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
+        logging.set_verbosity(logging.WARNING)
     config = flags.FLAGS.config
     run(config, flags.FLAGS.workdir)
 
