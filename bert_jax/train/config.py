@@ -42,7 +42,7 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         # micro-batch is batch_size / accum_steps (scanned inside one jitted step).
         accum_steps=1,
         log_every=100,
-        eval_every=10_000,
+        eval_every=10_000,       # > 0: every N steps and at the end; 0: at the end; < 0: never
         eval_steps=-1,           # eval batches per evaluation; -1: the whole eval set
         # Warm start: a model directory (bert_jax.convert) or another run's workdir.
         init_checkpoint="",

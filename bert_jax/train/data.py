@@ -81,7 +81,7 @@ def build_sample_data(config, workdir: str) -> tuple[str, str]:
     lengths; built by process 0 once and reused (the directory name holds the lengths)."""
     seq, pred = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     out = os.path.join(os.path.abspath(workdir), "sample_data", f"len{seq}_pred{pred}")
-    train_glob, eval_glob = os.path.join(out, "train-*.tfrecord"), os.path.join(out, "eval-*.tfrecord")
+    train_glob, eval_glob = os.path.join(out, "train-*.tfrecord"), os.path.join(out, "eval.tfrecord")
     done = os.path.join(out, "DONE")
     if jax.process_index() == 0 and not os.path.exists(done):
         corpus = sorted(glob.glob(os.path.join(SAMPLE_CORPUS, "*.txt")))
@@ -93,14 +93,15 @@ def build_sample_data(config, workdir: str) -> tuple[str, str]:
         n_train, n_eval = _split_documents(corpus, text_train, text_eval)
         print(f"no data.train_files: building TFRecords from the sample corpus "
               f"({n_train} train / {n_eval} held-out documents) into {out}", flush=True)
-        for name, text, shards in (("train", text_train, SAMPLE_SHARDS), ("eval", text_eval, 1)):
+        outputs = (("train", text_train, os.path.join(out, "train-{shard:03d}.tfrecord"),
+                    SAMPLE_SHARDS), ("eval", text_eval, eval_glob, 1))
+        for name, text, output, shards in outputs:
             cmd = [sys.executable, os.path.join(REPO, "data_prep", "create_pretraining_data.py"),
-                   f"--input_file={text}",
-                   f"--output_file={os.path.join(out, name)}-{{shard:03d}}.tfrecord",
+                   f"--input_file={text}", f"--output_file={output}",
                    f"--num_output_shards={shards}", f"--vocab_file={SAMPLE_VOCAB}",
                    "--do_lower_case", f"--max_seq_length={seq}",
                    f"--max_predictions_per_seq={pred}", "--masked_lm_prob=0.15",
-                   f"--dupe_factor={SAMPLE_DUPE_FACTOR if name == 'train' else 1}",
+                   f"--dupe_factor={SAMPLE_DUPE_FACTOR}",
                    f"--random_seed={12345 if name == 'train' else 54321}",
                    "--num_workers=2"]
             result = subprocess.run(cmd, capture_output=True, text=True)

@@ -262,7 +262,8 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         if not preempted:
             if checkpointer.latest_step() != int(jax.device_get(state.step)):
                 save(force=True)
-            eval_scalars = run_eval(steps) if eval_every != 0 else {}
+            # eval_every > 0: periodic and final; 0: final only; < 0: never.
+            eval_scalars = run_eval(steps) if eval_every >= 0 else {}
     finally:
         train_data.close()
         checkpointer.wait()

@@ -32,7 +32,7 @@ def tiny_config(steps: int = 5, batch_size: int = 8, **sections):
     add_training_sections(
         config,
         schedule=dict(lr=1e-3, warmup_steps=0, decay="constant"),
-        train=dict(steps=steps, log_every=1, eval_every=0, deterministic=True),
+        train=dict(steps=steps, log_every=1, eval_every=-1, deterministic=True),
         checkpoint=dict(every=1000, keep=3))
     for name, overrides in sections.items():
         getattr(config, name).update(overrides)

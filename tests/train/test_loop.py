@@ -173,3 +173,42 @@ def test_bad_records_fail_before_compile(case, tmp_path, monkeypatch):
         assert "16" in msg and "32" in msg
     else:
         assert "128" in msg and "500" in msg
+
+
+def test_warm_start_from_a_run_params_or_full_state(tiny, tmp_path):
+    import jax.numpy as jnp
+
+    from bert_jax.train import checkpoint as ckpt_lib
+
+    src = tiny["state"]
+    # A "phase 1" run at step 7 with non-zero optimizer moments.
+    moved = src.replace(step=jnp.asarray(7, jnp.int32),
+                        opt_state=jax.tree_util.tree_map(lambda x: x + 1, src.opt_state))
+    saver = ckpt_lib.Checkpointer(str(tmp_path / "phase1"), every=1)
+    rng = jax.random.key(3)
+    saver.save(moved, rng, MemorySource(8), {"note": "phase 1"}, force=True)
+    saver.wait()
+    saver.close()
+    expected = jax.tree_util.tree_map(np.asarray, jax.device_get(moved))
+
+    config = tiny_config()
+    config.train.init_checkpoint = str(tmp_path / "phase1")
+    config.train.init_state = "full"
+    fresh = tiny["state"]
+    state, new_rng = warm_start.warm_start(config, fresh, jax.random.key(0), tiny["abstract"],
+                                           tiny["shardings"], tiny["tx"], None)
+    got = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
+    assert int(got.step) == 7
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(jax.random.key_data(new_rng), jax.random.key_data(rng))
+
+    config.train.init_state = "params"
+    state, _ = warm_start.warm_start(config, fresh, None, tiny["abstract"], tiny["shardings"],
+                                     tiny["tx"], None)
+    got = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
+    assert int(got.step) == 0
+    for a, b in zip(jax.tree_util.tree_leaves(got.params),
+                    jax.tree_util.tree_leaves(expected.params)):
+        np.testing.assert_array_equal(a, b)
+    assert all(not np.any(x) for x in jax.tree_util.tree_leaves(got.opt_state[1][0].mu))
