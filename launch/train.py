@@ -13,7 +13,7 @@ bert_jax/train/config.py; `--config.section.key=value` overrides, and an unknown
 error. Restarting the same command resumes from WORKDIR/checkpoints. SIGTERM saves and
 exits 0.
 
-Multi-host: on TPU VMs (all hosts run this same command) `jax.distributed.initialize()`
+Multi-host: on TPU VMs (every host runs this same command) `jax.distributed.initialize()`
 is called automatically; elsewhere pass --coordinator_address=host:port
 --num_processes=N --process_id=i (or --distributed=on where the cluster is auto-detected,
 e.g. SLURM).
@@ -37,8 +37,8 @@ config_flags.DEFINE_config_file("config", None, "Run config: configs/<name>.py[:
                                 lock_config=True)
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events.")
 flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
-                  "jax.distributed.initialize(): auto = on TPU VMs with several hosts or "
-                  "when --coordinator_address is set.")
+                  "jax.distributed.initialize(): auto = on TPU VMs or when "
+                  "--coordinator_address is set; on = always (SLURM etc. auto-detected).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process).")
 flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process).")
 flags.DEFINE_integer("process_id", None, "This process's index (multi-process).")

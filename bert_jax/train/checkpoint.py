@@ -18,7 +18,6 @@ import os
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -26,6 +25,8 @@ from bert_jax.data.checkpointing import InputStateRestore, InputStateSave
 from bert_jax.train.state import TrainState
 
 ITEMS = ("state", "data", "config")
+# Raw data of the run's RNG key (jax's default implementation, threefry: uint32[2]).
+_KEY_DATA = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
 
 
 class Checkpointer:
@@ -76,7 +77,8 @@ class Checkpointer:
             raise FileNotFoundError(f"no checkpoint under {self.directory}")
         target = {"step": abstract_state.step, "params": abstract_state.params,
                   "opt_state": abstract_state.opt_state,
-                  "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=rng_sharding)}
+                  "rng": jax.ShapeDtypeStruct(_KEY_DATA.shape, _KEY_DATA.dtype,
+                                              sharding=rng_sharding)}
         restored = self.manager.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target),

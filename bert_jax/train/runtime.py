@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import glob
 import os
 from typing import Optional
 
 
-def on_multihost_tpu() -> bool:
-    """A TPU VM that is one host of several (TPU_WORKER_HOSTNAMES lists them all)."""
-    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
-    return len([h for h in hosts.split(",") if h.strip()]) > 1
+def on_tpu_vm() -> bool:
+    """A Cloud TPU VM (one host of a slice or pod, or a single-host slice): TPU device
+    files or the TPU runtime's environment. jax.distributed.initialize() then finds the
+    other hosts by itself (and is harmless with a single host)."""
+    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
+        return True
+    return any(os.environ.get(k) for k in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE",
+                                           "TPU_WORKER_ID"))
 
 
 def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
                num_processes: Optional[int] = None, process_id: Optional[int] = None) -> bool:
-    """Calls jax.distributed.initialize() when asked (mode "on"), or in "auto" mode on a
-    multi-host TPU VM or when a coordinator address is given. Returns whether it did.
+    """Calls jax.distributed.initialize() when asked (mode "on", e.g. under SLURM, which
+    jax detects), or in "auto" mode on a TPU VM or when a coordinator address is given.
+    Returns whether it did.
 
     On CPU, processes exchange collectives through gloo (jax's default CPU collectives),
     so a multi-process CPU run works on one machine (the tests use it)."""
@@ -23,7 +29,7 @@ def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
 
     if mode not in ("auto", "on", "off"):
         raise ValueError(f"distributed mode {mode!r}; expected auto, on or off")
-    wanted = mode == "on" or (mode == "auto" and (coordinator_address or on_multihost_tpu()))
+    wanted = mode == "on" or (mode == "auto" and bool(coordinator_address or on_tpu_vm()))
     if not wanted:
         return False
     if coordinator_address and (num_processes is None or process_id is None):
