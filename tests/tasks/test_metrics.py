@@ -17,6 +17,7 @@ def _random_cases(n_cases=40, seed=0):
         yield rng.integers(0, k, n), rng.integers(0, k, n)
 
 
+@pytest.mark.filterwarnings("ignore:A single label was found")  # sklearn on one class
 @pytest.mark.parametrize("labels,preds", [
     ([1, 1, 1, 1], [1, 1, 1, 1]),          # single class on both sides
     ([0, 0, 0, 0], [0, 1, 0, 1]),          # single gold class
