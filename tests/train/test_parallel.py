@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from tests.train.conftest import REPO, read_losses, run, subprocess_env
 
@@ -41,6 +42,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # two processes, each importing and compiling: ~40 s on a quiet machine
 def test_two_processes_match_single_process(reference_losses, tmp_path):
     address = f"localhost:{_free_port()}"
     worker = str(REPO / "tests/train/process_worker.py")

@@ -27,6 +27,7 @@ def _final_params(workdir, step):
     return tree
 
 
+@pytest.mark.slow  # three launches of launch/train.py: ~40 s on a quiet 2-core machine
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_kill9_after_checkpoint_then_resume_is_bit_exact(tmp_path, compile_cache):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"
@@ -69,7 +70,7 @@ def test_sigterm_checkpoints_current_step_exits_0_and_resumes(tmp_path, compile_
     assert proc.returncode == 0, stderr[-3000:]
     assert "preemption: saved step" in stdout
     saved = int(stdout.split("preemption: saved step ")[1].split(";")[0])
-    assert sorted(os.listdir(workdir / "checkpoints")) == [str(saved)]
+    assert sorted(map(int, os.listdir(workdir / "checkpoints"))) == [saved]
     assert max(read_losses(workdir)) == saved >= 3
 
     run([REPO / "launch/train.py", CONFIG, f"--workdir={workdir}",
@@ -79,4 +80,4 @@ def test_sigterm_checkpoints_current_step_exits_0_and_resumes(tmp_path, compile_
     assert sorted(losses) == list(range(1, saved + 4))
     # The resumed run is the same run: one more identical command without SIGTERM would
     # have logged the same losses (checked bit-exactly in the kill -9 test).
-    assert sorted(os.listdir(workdir / "checkpoints")) == [str(saved), str(saved + 3)]
+    assert sorted(map(int, os.listdir(workdir / "checkpoints"))) == [saved, saved + 3]
