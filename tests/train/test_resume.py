@@ -3,7 +3,6 @@ exactly; SIGTERM checkpoints the current step and exits 0."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
