@@ -12,7 +12,6 @@ finishes the current step, saves, and returns normally (exit code 0).
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import threading
@@ -32,7 +31,6 @@ from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
 from bert_jax.train.config import total_steps
 
-log = logging.getLogger(__name__)
 
 
 class NonFiniteError(FloatingPointError):
