@@ -7,6 +7,8 @@ r"""Pre-train BERT: one command from a CPU to a TPU pod.
         --config.mesh.data=1
     python launch/train.py --config=configs/bert_base.py:phase2 --workdir=... \
         --config.train.init_checkpoint=<phase-1 workdir>
+    python launch/train.py --config=configs/glue.py:mrpc --workdir=... \
+        --config.train.init_checkpoint=<model dir> --config.task.data_dir=glue_data/MRPC
 
 The config is a plain Python file (configs/*.py) whose sections are documented in
 bert_jax/train/config.py; `--config.section.key=value` overrides, and an unknown key is an
@@ -59,6 +61,14 @@ def main(argv):
 
     runtime.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
                        FLAGS.process_id)
+    task = FLAGS.config.get("task", None)
+    if task is not None and task.get("kind", None) in ("glue", "squad", "ner"):
+        # Fine-tuning configs (configs/glue.py, squad.py, ner.py) run the task driver:
+        # single host for now, with restarts and the task's metrics.
+        from bert_jax.tasks import finetune
+
+        finetune.run(FLAGS.config, FLAGS.workdir)
+        return
     from bert_jax.train import loop
 
     after_save = None
