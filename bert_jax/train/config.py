@@ -85,3 +85,36 @@ def add_training_sections(config: ml_collections.ConfigDict, *, optimizer=None, 
 def total_steps(config) -> int:
     t = int(config.schedule.get("total_steps", -1))
     return int(config.train.steps) if t <= 0 else t
+
+
+# The paper's pre-training schedule: 1M steps, 90% at length 128, the last 10% at 512.
+PAPER_TOTAL_STEPS = 1_000_000
+PAPER_PHASE1_STEPS = 900_000
+
+
+def paper_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,
+                             mesh: dict) -> ml_collections.ConfigDict:
+    """A full run config with the paper's recipe for `model` (batch 256, Adam lr 1e-4,
+    10k warmup, linear decay over 1M steps). `arg` picks the phase: None / "phase1" = the
+    first 900k steps at length 128 (20 MLM slots); "phase2" = the last 100k at length 512
+    (80 slots), continuing phase 1's optimizer state, step and schedule."""
+    from bert_jax.data.pretrain import data_config
+
+    if arg not in (None, "", "phase1", "phase2"):
+        raise ValueError(f"configs/{name}.py: unknown argument {arg!r}; use phase1 or phase2")
+    phase2 = arg == "phase2"
+    config = ml_collections.ConfigDict()
+    config.model = model
+    config.model.nsp = True
+    config.data = data_config(
+        max_seq_length=512 if phase2 else 128, max_predictions_per_seq=80 if phase2 else 20,
+        batch_size=256)
+    return add_training_sections(
+        config,
+        schedule=dict(lr=1e-4, warmup_steps=10_000, decay="linear",
+                      total_steps=PAPER_TOTAL_STEPS),
+        train=dict(steps=PAPER_TOTAL_STEPS if phase2 else PAPER_PHASE1_STEPS, log_every=100,
+                   eval_every=10_000, eval_steps=100,
+                   init_state="full" if phase2 else "params"),
+        mesh=mesh,
+        checkpoint=dict(every=5_000, keep=3, keep_period=100_000))
