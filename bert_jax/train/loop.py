@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import threading
 import time
 from typing import Callable, Iterator, Optional
 
@@ -29,32 +27,13 @@ from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
+from bert_jax.train.runtime import Preemption as _Preemption
 from bert_jax.train.config import total_steps
 
 
 
 class NonFiniteError(FloatingPointError):
     """The loss or gradient of a step was NaN / inf (and train.skip_nonfinite is off)."""
-
-
-class _Preemption:
-    """Turns SIGTERM into a flag the loop reads between steps (main thread only)."""
-
-    def __init__(self):
-        self.requested = False
-        self._previous = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame):  # noqa: ARG002
-        self.requested = True
-
-    def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
 
 
 def config_to_dict(config) -> dict:

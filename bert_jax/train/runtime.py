@@ -1,9 +1,12 @@
-"""Process-level setup before JAX touches a backend: multi-host initialisation."""
+"""Process-level setup before JAX touches a backend (multi-host initialisation), and the
+SIGTERM (preemption) flag the training loops read between steps."""
 
 from __future__ import annotations
 
 import glob
 import os
+import signal
+import threading
 from typing import Optional
 
 
@@ -40,3 +43,25 @@ def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
                       process_id=process_id)
     jax.distributed.initialize(**kwargs)
     return True
+
+
+class Preemption:
+    """Turns SIGTERM into a flag a loop reads between steps (`with Preemption() as p: ...
+    if p.requested: save and stop`). The handler is installed only on the main thread
+    (Python delivers signals there) and the previous one is put back on exit."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):  # noqa: ARG002
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)

@@ -42,11 +42,14 @@ def create_model(config) -> BertForPreTraining:
     return BertForPreTraining(model_config(config), nsp=bool(config.model.get("nsp", True)))
 
 
-def dummy_inputs(seq_len: int, max_predictions: int, batch: int = 1) -> dict:
-    """Placeholder model inputs (shapes only matter) for init."""
+def dummy_inputs(seq_len: int, max_predictions: int | None, batch: int = 1) -> dict:
+    """Placeholder model inputs (shapes only matter) for init. max_predictions=None: no
+    masked-LM slots (the fine-tuning models: sequence, token and span heads)."""
     ids = jnp.zeros((batch, seq_len), jnp.int32)
-    return dict(input_ids=ids, attention_mask=jnp.ones_like(ids), token_type_ids=ids,
-                masked_lm_positions=jnp.zeros((batch, max_predictions), jnp.int32))
+    inputs = dict(input_ids=ids, attention_mask=jnp.ones_like(ids), token_type_ids=ids)
+    if max_predictions is not None:
+        inputs["masked_lm_positions"] = jnp.zeros((batch, max_predictions), jnp.int32)
+    return inputs
 
 
 @contextlib.contextmanager
@@ -64,8 +67,10 @@ def _boxed_init(model, tx, seq_len, max_predictions, rng):
 
 
 def state_shardings(model, tx: optax.GradientTransformation, mesh, rules, seq_len: int,
-                    max_predictions: int):
-    """(abstract unboxed TrainState of ShapeDtypeStructs, matching tree of NamedShardings)."""
+                    max_predictions: int | None):
+    """(abstract unboxed TrainState of ShapeDtypeStructs, matching tree of NamedShardings).
+    Any model called as model(input_ids=, attention_mask=, token_type_ids=[,
+    masked_lm_positions=]): pre-training, or a fine-tuning task model (max_predictions None)."""
     rng = jax.random.key(0)
     # Init is traced with the rules but without a global mesh: flax's DenseGeneral builds its
     # kernel flat and unboxes it (applying the 3-axis logical constraint to a 2-D array)
@@ -80,7 +85,7 @@ def state_shardings(model, tx: optax.GradientTransformation, mesh, rules, seq_le
     return abstract, shardings
 
 
-def init_state(model, tx, mesh, rules, rng, seq_len: int, max_predictions: int,
+def init_state(model, tx, mesh, rules, rng, seq_len: int, max_predictions: int | None,
                shardings=None) -> TrainState:
     """A freshly initialised, sharded TrainState (params from `rng`)."""
     if shardings is None:
