@@ -4,7 +4,8 @@
 
   * AdamW (paper: b1 0.9, b2 0.999, eps 1e-6, decoupled weight decay 0.01) or LAMB
     (You et al. 2019, for the large-batch recipe), both with weight decay masked off the
-    LayerNorm parameters and every bias (`decay_mask`);
+    LayerNorm parameters and every bias (`decay_mask`); LAMB also leaves those out of the
+    layer-wise trust ratio (`lamb` below);
   * learning rate: linear warmup, then polynomial (power 1 = the paper's linear) or cosine
     decay to `schedule.end_lr`;
   * gradients clipped to global norm `optimizer.clip_norm` (1.0 as the original) first.
@@ -73,10 +74,51 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(lambda p, _: decays(_path_names(p)), params)
 
 
+def lamb(learning_rate, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+         weight_decay: float = 0.01, mask=decay_mask) -> optax.GradientTransformation:
+    """LAMB (You et al. 2019, Algorithm 2) as BERT recipes run it: weight decay AND the
+    layer-wise trust ratio only where `mask` is True (kernels and embeddings); biases and
+    LayerNorm parameters take plain Adam steps.
+
+    Per parameter tensor w with gradient g at step t (1-based):
+
+        m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2
+        r = (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)     # bias-corrected Adam
+        masked:   u = r + weight_decay * w;   u *= ||w|| / ||u||  (1 if either norm is 0)
+        unmasked: u = r
+        w -= lr_t * u
+
+    `optax.lamb` applies the trust ratio to every tensor, biases and LayerNorm included;
+    the LAMB BERT recipe excludes them from layer adaptation (google-research's LAMB
+    `exclude_from_layer_adaptation` defaults to the weight-decay exclusions; NVIDIA's apex
+    FusedLAMB, with use_nvlamb=False as NVIDIA's BERT runs it, takes the ratio only in
+    parameter groups with non-zero decay, and the bias / LayerNorm group has decay 0).
+    A bias's scale is set by its own gradients, not by a norm that starts at zero, so a
+    trust ratio ||b|| / ||u|| would freeze freshly zero-initialised biases (ratio 1 only
+    while ||b|| = 0, then tiny steps).
+
+    Numerics match both references: bias correction on (paper's Algorithm 2 and FusedLAMB's
+    default bias_correction=True), eps added outside the square root (optax's
+    scale_by_adam with eps_root=0, as FusedLAMB and the paper), trust ratio norms per
+    tensor (Frobenius), phi = identity, no clipping of the ratio. optax evaluates 1 - b^t
+    in float32 (so does apex's kernel): b2 = 0.999 rounds to 0.99900001287, which changes
+    the first step by 6e-6 relative and fades with t.
+    Built from optax parts; only the mask on the trust ratio differs from `optax.lamb`.
+    """
+    return optax.chain(
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0),
+        optax.add_decayed_weights(weight_decay=weight_decay, mask=mask),
+        optax.masked(optax.scale_by_trust_ratio(), mask),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
 def make_optimizer(optimizer, schedule, total_steps: int) -> optax.GradientTransformation:
     """optax transformation from the config's `optimizer` and `schedule` sections.
 
     optimizer.name: adamw | lamb; b1, b2, eps, weight_decay; clip_norm (<= 0: no clipping).
+    adamw is `optax.adamw` (bias-corrected, decoupled decay masked by `decay_mask`); lamb
+    is `lamb` above (decay and trust ratio masked by `decay_mask`).
     """
     name = optimizer.name
     if name not in OPTIMIZERS:
@@ -84,7 +126,7 @@ def make_optimizer(optimizer, schedule, total_steps: int) -> optax.GradientTrans
     lr = make_schedule(schedule, total_steps)
     kwargs = dict(b1=float(optimizer.b1), b2=float(optimizer.b2), eps=float(optimizer.eps),
                   weight_decay=float(optimizer.weight_decay), mask=decay_mask)
-    core = optax.adamw(lr, **kwargs) if name == "adamw" else optax.lamb(lr, **kwargs)
+    core = optax.adamw(lr, **kwargs) if name == "adamw" else lamb(lr, **kwargs)
     clip = float(optimizer.get("clip_norm", 1.0))
     if clip > 0:
         return optax.chain(optax.clip_by_global_norm(clip), core)
