@@ -63,8 +63,8 @@ def main(argv):
                        FLAGS.process_id)
     task = FLAGS.config.get("task", None)
     if task is not None and task.get("kind", None) in ("glue", "squad", "ner"):
-        # Fine-tuning configs (configs/glue.py, squad.py, ner.py) run the task driver:
-        # single host for now, with restarts and the task's metrics.
+        # Fine-tuning configs (configs/glue.py, squad.py, ner.py) run the task driver: the
+        # same mesh, checkpoints and resume, plus restarts and the task's metrics.
         from bert_jax.tasks import finetune
 
         finetune.run(FLAGS.config, FLAGS.workdir)

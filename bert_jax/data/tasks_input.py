@@ -114,27 +114,42 @@ def num_rows(features: Mapping[str, np.ndarray]) -> int:
     return _num_rows(features)
 
 
+def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order of the n training rows in `epoch`: a pure function of (seed, epoch), so a
+    resumed run (or another host) recomputes exactly the batches it would have seen."""
+    return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
+
+
+def train_batch_indices(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
+    """Row indices of batch `step` (from 0) of the stream that concatenates the epochs'
+    permutations: rows [step * B, (step + 1) * B) of it. A batch may straddle two epochs (the
+    remainder of one epoch opens the next), so no batch is ragged and every row is seen once
+    per epoch."""
+    first, last = step * batch_size, (step + 1) * batch_size  # stream positions [first, last)
+    out = []
+    for epoch in range(first // n, (last - 1) // n + 1):
+        perm = epoch_permutation(n, seed, epoch)
+        lo, hi = max(first - epoch * n, 0), min(last - epoch * n, n)
+        out.append(perm[lo:hi])
+    return np.concatenate(out)
+
+
 def train_batches(features: Mapping[str, np.ndarray], batch_size: int, seed: int,
-                  num_epochs: Optional[int] = None) -> Iterator[dict[str, np.ndarray]]:
-    """Shuffled full batches, a fresh permutation each epoch (the remainder of an epoch is
-    carried into the next, so every example is seen once per epoch on average and
-    no batch is ragged). `example_weights` are 1."""
+                  num_epochs: Optional[int] = None, start_step: int = 0
+                  ) -> Iterator[dict[str, np.ndarray]]:
+    """Shuffled full batches from batch `start_step` on (train_batch_indices): a fresh
+    permutation each epoch, a pure function of (seed, epoch). `example_weights` are 1.
+    num_epochs: stop once fewer than batch_size rows of that many epochs are left."""
     n = _num_rows(features)
     if n == 0:
         raise ValueError("no training features")
-    rng = np.random.default_rng(seed)
-    pending = np.zeros([0], np.int64)
-    epoch = 0
-    while num_epochs is None or epoch < num_epochs or len(pending) >= batch_size:
-        while len(pending) < batch_size and (num_epochs is None or epoch < num_epochs):
-            pending = np.concatenate([pending, rng.permutation(n)])
-            epoch += 1
-        if len(pending) < batch_size:
-            return
-        idx, pending = pending[:batch_size], pending[batch_size:]
+    step = int(start_step)
+    while num_epochs is None or (step + 1) * batch_size <= num_epochs * n:
+        idx = train_batch_indices(n, batch_size, seed, step)
         batch = {k: v[idx] for k, v in features.items()}
         batch["example_weights"] = np.ones([batch_size], np.float32)
         yield batch
+        step += 1
 
 
 def eval_batches(features: Mapping[str, np.ndarray], batch_size: int

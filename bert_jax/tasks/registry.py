@@ -4,9 +4,10 @@ configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` 
 `config.task`. Sections:
 
     task        kind: glue | squad | ner, plus that task's fields (see the configs)
-    train       init_checkpoint (model dir or HF dir), random_init (control run: same
-                architecture, fresh weights), batch_size 32, eval_batch_size, num_epochs 3,
-                max_steps (-1: from epochs), num_restarts, seed, log_every, save_best_model
+    train       init_checkpoint (model dir, HF dir or pre-training workdir), random_init
+                (control run: same architecture, fresh weights), batch_size 32,
+                eval_batch_size, num_epochs 3, max_steps (-1: from epochs), num_restarts,
+                seed, log_every, save_best_model
                 (workdir/best_model as a model directory), tensorboard (per-run events)
     optimizer   bert_jax.optim: adamw, b1 0.9, b2 0.999, eps 1e-6, weight_decay 0.01,
                 clip_norm 1.0
@@ -16,6 +17,10 @@ configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` 
                 dtype, remat ...)
     tokenizer   vocab_file (default: the checkpoint's vocab.txt), do_lower_case
     model       the architecture when init_checkpoint is empty (random init from scratch)
+    mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules: as
+                pre-training (bert_jax/train/config.py); the batch is split over data x fsdp
+    checkpoint  every (steps), keep, async_save, delete_finished (drop run_<i>/checkpoints
+                once the run's results are recorded; best_model/ keeps the best weights)
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import ml_collections
 
 from bert_jax.models.config import model_config
+from bert_jax.train.config import checkpoint_config, mesh_config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -41,6 +47,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.tokenizer = ml_collections.ConfigDict(dict(vocab_file="", do_lower_case=True))
     # Used only without init_checkpoint (training from scratch): BERT-Base by default.
     c.model = model_config()
+    c.mesh = mesh_config()
+    c.checkpoint = checkpoint_config(every=1000, keep=1)
+    c.checkpoint.delete_finished = True
     return c
 
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from bert_jax.tasks import finetune
+from bert_jax.tasks import finetune, init_checkpoint
 from bert_jax.tasks.registry import base_config
 
 from tests.tasks.conftest import DATA, VOCAB
@@ -77,23 +77,12 @@ def test_run_squad_tiny_model(tmp_path):
         assert (preds[q] == "") == (odds[q] > 0.0) or not any(x["text"] for x in nbest[q])
 
 
-def test_merge_encoder_checks_shapes():
-    f32 = np.float32
-    fresh = {"bert": {"a": {"kernel": np.zeros((2, 3), f32)}}, "classifier": {"b": np.zeros(3, f32)}}
-    good = {"bert": {"a": {"kernel": np.ones((2, 3), f32)}}, "mlm": {"x": np.ones(1, f32)}}
-    merged = finetune.merge_encoder(fresh, good, "ckpt")
-    assert float(merged["bert"]["a"]["kernel"].sum()) == 6.0 and "mlm" not in merged
-    with pytest.raises(ValueError, match=r"ckpt: bert/a/kernel has shape \(3, 2\)"):
-        finetune.merge_encoder(fresh, {"bert": {"a": {"kernel": np.ones((3, 2))}}}, "ckpt")
-    with pytest.raises(ValueError, match="encoder tensors missing"):
-        finetune.merge_encoder(fresh, {"bert": {}}, "ckpt")
-
-
 def test_init_from_minilm_hf_dir(minilm_dir, tmp_path):
-    params, config, vocab = finetune.load_init_checkpoint(str(minilm_dir))
-    assert config.hidden_size == 384 and config.num_hidden_layers == 6
-    assert vocab and vocab.endswith("vocab.txt")
-    emb = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    source = init_checkpoint.open_init_checkpoint(str(minilm_dir))
+    assert source.kind == "hf"
+    assert source.config.hidden_size == 384 and source.config.num_hidden_layers == 6
+    assert source.vocab and source.vocab.endswith("vocab.txt")
+    emb = source.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
     assert emb.shape == (30522, 384) and float(np.abs(emb).mean()) > 0.0
     with pytest.raises(FileNotFoundError, match="neither a model directory"):
-        finetune.load_init_checkpoint(str(tmp_path))
+        init_checkpoint.open_init_checkpoint(str(tmp_path))

@@ -1,0 +1,173 @@
+"""`train.init_checkpoint` of a fine-tuning run: where the pretrained encoder comes from.
+
+    source = open_init_checkpoint(path)      # config + vocab + shapes; no arrays read yet
+    check_encoder(source, abstract.params["bert"])   # before any compile: names key + shapes
+    state = load_encoder(source, state, tx, shardings)   # the encoder placed on the mesh
+
+Three kinds of `path`:
+  * one of our model directories (bert_config.json + params/: `python -m bert_jax.convert`
+    output, or a fine-tuning run's best_model/),
+  * a Hugging Face directory (config.json + model.safetensors / pytorch_model.bin),
+  * one of our pre-training workdirs (WORKDIR or WORKDIR/checkpoints, written by
+    launch/train.py): the latest step's params["bert"] and the run's `model` config
+    (vocab: its data.vocab_file, if set). These are restored by orbax straight onto the
+    fine-tuning mesh, each process reading only its shards (no host copy of the model).
+Google TF checkpoints: convert first (`python -m bert_jax.convert from-tf`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Optional
+
+import flax
+import jax
+import numpy as np
+
+from bert_jax.models.config import BertConfig, from_config_dict
+from bert_jax.models.params import stack_layers
+
+
+@dataclasses.dataclass
+class InitSource:
+    """kind: "model_dir" | "hf" | "workdir". params: the numpy tree (model_dir, hf; the
+    encoder under "bert"); step + shapes: the workdir checkpoint's step and the shapes of
+    its params["bert"] leaves, by "/"-joined key."""
+
+    path: str
+    kind: str
+    config: BertConfig
+    vocab: Optional[str] = None
+    params: Optional[dict] = None
+    step: Optional[int] = None
+    shapes: Optional[dict[str, tuple]] = None
+
+
+def _run_dir(path: str) -> Optional[str]:
+    for cand in (path, os.path.dirname(path.rstrip("/"))):
+        if os.path.isdir(os.path.join(cand, "checkpoints")):
+            return cand
+    return None
+
+
+def open_init_checkpoint(path: str) -> InitSource:
+    """Reads the config (and, for model / HF directories, the numpy params) of `path`."""
+    from bert_jax.convert import model_dir
+
+    path = os.path.abspath(os.path.expanduser(path))
+    if model_dir.is_model_dir(path):
+        params, config = model_dir.load_model_dir(path)
+        vocab = os.path.join(path, model_dir.VOCAB_NAME)
+        return InitSource(path, "model_dir", config, vocab if os.path.isfile(vocab) else None,
+                          params=params)
+    if os.path.isfile(os.path.join(path, "config.json")):
+        from bert_jax.convert.hf_files import read_hf_dir
+
+        params, config, _, vocab = read_hf_dir(path)
+        return InitSource(path, "hf", config, vocab, params=params)
+    run = _run_dir(path)
+    if run is not None:
+        return _open_workdir(path, run)
+    raise FileNotFoundError(
+        f"train.init_checkpoint={path!r} is neither a model directory (bert_config.json + "
+        "params/), a Hugging Face directory (config.json + weights), nor a pre-training "
+        "workdir (checkpoints/)")
+
+
+def _open_workdir(path: str, run: str) -> InitSource:
+    import orbax.checkpoint as ocp
+
+    from bert_jax.train import checkpoint as ckpt_lib
+
+    ckpt = ckpt_lib.Checkpointer(run, every=1)
+    try:
+        step = ckpt.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"train.init_checkpoint={path}: no checkpoint in "
+                                    f"{ckpt.directory}")
+        saved = ckpt.manager.restore(step, args=ocp.args.Composite(
+            config=ocp.args.JsonRestore()))["config"]
+        meta = ckpt.manager.item_metadata(step)["state"]
+    finally:
+        ckpt.close()
+    where = f"train.init_checkpoint={path} (step {step})"
+    if not isinstance(saved, dict) or "model" not in saved:
+        raise ValueError(f"{where}: the checkpoint's config has no 'model' section")
+    try:
+        bert = meta["params"]["bert"]
+    except (KeyError, TypeError):
+        raise ValueError(f"{where}: no params/bert (encoder) in the checkpoint") from None
+    shapes = {"/".join(str(getattr(k, "key", k)) for k in kp): tuple(v.shape)
+              for kp, v in jax.tree_util.tree_flatten_with_path(bert)[0]}
+    vocab = (saved.get("data") or {}).get("vocab_file") or None
+    if vocab and not os.path.isfile(vocab):
+        vocab = None
+    return InitSource(path, "workdir", from_config_dict(saved["model"]), vocab, step=step,
+                      shapes=shapes)
+
+
+def _flat_shapes(tree) -> dict[str, tuple]:
+    return {"/".join(k): tuple(np.shape(v)) for k, v in
+            flax.traverse_util.flatten_dict(flax.core.unfreeze(tree)).items()}
+
+
+def _numpy_encoder(source: InitSource, scan_layers: bool, num_layers: int) -> dict:
+    if "bert" not in source.params:
+        raise ValueError(f"train.init_checkpoint={source.path}: no 'bert' encoder params "
+                         f"(top-level keys: {sorted(source.params)})")
+    bert = source.params["bert"]
+    return stack_layers({"bert": bert}, num_layers)["bert"] if scan_layers else bert
+
+
+def check_encoder(source: InitSource, abstract_bert: Any, scan_layers: bool,
+                  num_layers: int) -> None:
+    """Every encoder tensor the model expects (`abstract_bert`: ShapeDtypeStructs) exists in
+    the checkpoint with the same shape; else a ValueError naming the key and both shapes.
+    Cheap (shapes only): call it before compiling anything."""
+    want = _flat_shapes(abstract_bert)
+    if source.kind == "workdir":
+        got = source.shapes
+    else:
+        got = _flat_shapes(_numpy_encoder(source, scan_layers, num_layers))
+    missing = sorted(k for k in want if k not in got)
+    if missing:
+        raise ValueError(f"train.init_checkpoint={source.path}: encoder tensors missing: "
+                         f"bert/{missing[0]} ... ({len(missing)} in all; the checkpoint has "
+                         f"{sorted(got)[:5]} ...)")
+    for k, shape in want.items():
+        if tuple(got[k]) != tuple(shape):
+            raise ValueError(
+                f"train.init_checkpoint={source.path}: bert/{k} has shape {tuple(got[k])} in "
+                f"the checkpoint, the model expects {tuple(shape)} (checkpoint model "
+                f"hidden_size={source.config.hidden_size}, "
+                f"num_hidden_layers={source.config.num_hidden_layers}, "
+                f"intermediate_size={source.config.intermediate_size})")
+
+
+def load_encoder(source: InitSource, state, tx, shardings, abstract, scan_layers: bool,
+                 num_layers: int):
+    """`state` (a fresh TrainState on the mesh) with params["bert"] from `source` and a fresh
+    optimizer state; heads keep their fresh init. Shapes must have passed check_encoder."""
+    if source.kind == "workdir":
+        from bert_jax.train import checkpoint as ckpt_lib
+
+        ckpt = ckpt_lib.Checkpointer(_run_dir(source.path), every=1)
+        try:
+            bert = ckpt.restore_params({"bert": abstract.params["bert"]},
+                                       step=source.step)["bert"]
+        finally:
+            ckpt.close()
+    else:
+        flat = flax.traverse_util.flatten_dict(
+            flax.core.unfreeze(_numpy_encoder(source, scan_layers, num_layers)))
+        refs = flax.traverse_util.flatten_dict(abstract.params["bert"])
+        places = flax.traverse_util.flatten_dict(shardings.params["bert"])
+        # Every process holds the host copy; each builds only its addressable shards.
+        bert = flax.traverse_util.unflatten_dict({
+            k: jax.make_array_from_callback(
+                ref.shape, places[k], lambda idx, x=np.asarray(flat[k], ref.dtype): x[idx])
+            for k, ref in refs.items()})
+    params = {**state.params, "bert": bert}
+    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+    return state.replace(params=params, opt_state=opt_state)
