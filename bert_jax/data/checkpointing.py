@@ -12,7 +12,9 @@ Save it with the rest of the train state:
 Every process writes `<step>/data/process_<i>-of-<n>.npz` with its own iterator's state.
 `InputStateSave` snapshots the state when it is constructed, i.e. right after the last
 batch the step consumed, so an asynchronous save never records a later position.
-Never imports TensorFlow.
+Restoring with the same process count is exact; with another count (or a state the
+pipeline refuses) the iterator is moved to a deterministic position with a warning, never
+an error (`bert_jax.data.state.restore_input`). Never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
-from bert_jax.data.state import load_state, save_state, state_file
+from bert_jax.data.state import restore_input, save_state, state_file
 
 
 class InputStateHandler(ocp.CheckpointHandler):
@@ -34,11 +36,11 @@ class InputStateHandler(ocp.CheckpointHandler):
         save_state(state_file(directory), save_args.state)
 
     def restore(self, directory: epath.Path, *args, **kwargs):
+        """-> bert_jax.data.state.RestoredInput (exact or not, and why)."""
         restore_args = kwargs.get("args", args[0] if args else None)
-        state = load_state(state_file(directory))
-        if restore_args is not None and restore_args.iterator is not None:
-            restore_args.iterator.set_state(state)
-        return state
+        iterator = restore_args.iterator if restore_args is not None else None
+        fallback = restore_args.fallback_batches if restore_args is not None else None
+        return restore_input(directory, iterator, fallback_batches=fallback)
 
     def metadata(self, directory: epath.Path):
         return None
@@ -61,5 +63,9 @@ class InputStateSave(ocp.args.CheckpointArgs):
 @ocp.args.register_with_handler(InputStateHandler, for_restore=True)
 @dataclasses.dataclass
 class InputStateRestore(ocp.args.CheckpointArgs):
-    """Restores into `iterator.set_state(...)` (if given); the state dict is also returned."""
+    """Restores into `iterator.set_state(...)` (if given). When this process count's state
+    is missing or refused, `iterator.seek(k)` with k the batches the run had consumed, or
+    `fallback_batches` (the caller's step) if the saved state records no count. The
+    restore returns a `bert_jax.data.state.RestoredInput`."""
     iterator: Any = None
+    fallback_batches: int | None = None

@@ -151,6 +151,14 @@ class DevicePrefetcher:
         self._replay = collections.deque(ahead)
         self._start()
 
+    def seek(self, batches: int) -> None:
+        """Drops what is prefetched and seeks the host iterator: the next batch is batch
+        `batches` of its stream (see bert_jax.data.state.restore_input)."""
+        self.close()
+        self._host.seek(batches)
+        self._replay = collections.deque()
+        self._start()
+
     def save(self, path) -> None:
         state_lib.save_state(path, self.get_state())
 

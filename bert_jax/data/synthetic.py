@@ -97,6 +97,11 @@ class SyntheticIterator:
                              f"({self._signature})")
         self.batches = int(meta["batches"])
 
+    def seek(self, batches: int) -> None:
+        """The next batch is batch `batches` of this host's stream (a resume without a
+        usable state, e.g. onto another process count: bert_jax.data.state.restore_input)."""
+        self.batches = int(batches)
+
     def save(self, path) -> None:
         state_lib.save_state(path, self.get_state())
 

@@ -339,6 +339,12 @@ class TFRecordIterator:
                         "data)", short_error(e), meta["batches"])
             self._build(int(meta["batches"]))
 
+    def seek(self, batches: int) -> None:
+        """Rebuilds the pipeline so that the next batch is batch `batches` of this host's
+        stream (skipped before parsing): a resume without a usable state, e.g. onto
+        another process count (bert_jax.data.state.restore_input)."""
+        self._build(int(batches))
+
     def save(self, path) -> None:
         state_lib.save_state(path, self.get_state())
 

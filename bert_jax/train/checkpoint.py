@@ -9,7 +9,15 @@ Saves are asynchronous (the train loop goes on while the arrays are written) and
 (orbax writes to a temporary directory and renames it once every process has finished), so
 a run killed mid-save leaves the previous checkpoint as the latest. Restoring takes the
 abstract state of the *current* mesh, so a checkpoint saved on one mesh restores onto any
-other (orbax reads each shard's slice).
+other (orbax reads each shard's slice), and by any number of processes.
+
+The data-iterator state is per process. Restored by the process count that saved it, it is
+exact. Restored by another count (saved by 2 processes, resumed by 1, or the reverse) the
+params, optimizer state, step and RNG still restore exactly, and each new process's
+iterator is moved to a deterministic position: it skips as many batches of its own stream
+as the run had consumed, with a warning that this is not an exact resume (examples may
+repeat or be skipped within the current pass over the data). See
+`bert_jax.data.state.restore_input`; `Checkpointer.data_restore` tells what happened.
 """
 
 from __future__ import annotations
@@ -45,6 +53,8 @@ class Checkpointer:
             create=True,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        # bert_jax.data.state.RestoredInput of the last restore (exact or not, and why).
+        self.data_restore = None
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -71,7 +81,9 @@ class Checkpointer:
     def restore(self, abstract_state: TrainState, data_iterator: Any = None,
                 step: Optional[int] = None, rng_sharding=None):
         """(state on abstract_state's shardings, rng key, config) of `step` (default: the
-        latest); `data_iterator` (if given) is moved to the saved position."""
+        latest), onto any mesh and process count; `data_iterator` (if given) is moved to the
+        saved position, or, when the checkpoint was saved by another process count, to the
+        deterministic fallback position (warning; `self.data_restore.exact` is False)."""
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {self.directory}")
@@ -82,8 +94,9 @@ class Checkpointer:
         restored = self.manager.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target),
-                data=InputStateRestore(iterator=data_iterator),
+                data=InputStateRestore(iterator=data_iterator, fallback_batches=int(step)),
                 config=ocp.args.JsonRestore()))
+        self.data_restore = restored["data"]
         tree = restored["state"]
         state = TrainState(step=tree["step"], params=tree["params"],
                            opt_state=tree["opt_state"])

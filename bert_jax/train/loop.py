@@ -145,6 +145,12 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     if resumed_from is not None:
         state, rng, _ = checkpointer.restore(abstract, train_data, rng_sharding=rep)
         _info(is_main, f"resumed from {checkpointer.directory}/{resumed_from}")
+        restored_data = checkpointer.data_restore
+        if restored_data is not None and not restored_data.exact:
+            # Another process count (or a refused state): logged as a warning as well.
+            _info(is_main, f"the input data was NOT resumed exactly ({restored_data.reason}); "
+                           f"every process skipped {restored_data.position} batches of its "
+                           f"own stream instead")
     else:
         init_rng = jax.random.fold_in(rng, 0x5EED)
         state = state_lib.init_state(model, tx, mesh, rules, init_rng, seq_len, max_pred,

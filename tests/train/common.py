@@ -84,10 +84,16 @@ class MemorySource:
     def get_state(self) -> dict:
         from bert_jax.data.state import pack_meta
 
-        return {"index": np.asarray(self.index, np.int64), "meta": pack_meta({"kind": "memory"})}
+        return {"index": np.asarray(self.index, np.int64),
+                "meta": pack_meta({"kind": "memory", "batches": self.index})}
 
     def set_state(self, state: dict) -> None:
         self.index = int(state["index"])
+
+    def seek(self, batches: int) -> None:
+        """The restore fallback onto another process count: batch i of the global stream
+        does not depend on the layout, so this one is exact."""
+        self.index = int(batches)
 
 
 def memory_data(config, workdir):  # noqa: ARG001  (make_train_data signature)
