@@ -120,11 +120,37 @@ def make_mesh(mesh_config, devices=None):
 
 def logical_shardings(boxed_tree, mesh, rules=DEFAULT_RULES):
     """NamedShardings for a tree whose leaves are flax `LogicallyPartitioned` boxes (or
-    plain leaves, which are replicated): the tree `nn.meta.unbox(boxed_tree)` has."""
+    plain leaves, which are replicated): the tree `nn.meta.unbox(boxed_tree)` has.
+
+    A dimension whose size the mesh axes do not divide stays whole (e.g. BERT's 30,522-row
+    vocabulary over tensor=4: 30522 = 2 x 3 x 5087): jax rejects uneven shardings of
+    jit outputs, and replicating one table beats refusing the mesh."""
     import flax.linen as nn
+    import jax
 
     specs = nn.get_partition_spec(boxed_tree)
-    return nn.logical_to_mesh_sharding(specs, mesh, rules)
+    shardings = nn.logical_to_mesh_sharding(specs, mesh, rules)
+    shapes = nn.meta.unbox(boxed_tree)
+    return jax.tree_util.tree_map(lambda s, x: fit_sharding(s, getattr(x, "shape", ())),
+                                  shardings, shapes)
+
+
+def fit_sharding(sharding, shape):
+    """`sharding` (a NamedSharding) with the mesh axes of each dimension of `shape` that they
+    do not divide evenly dropped (that dimension replicated)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    spec = tuple(sharding.spec) + (None,) * (len(shape) - len(sharding.spec))
+    fitted = []
+    for dim, axes in zip(shape, spec):
+        names = () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+        size = 1
+        for a in names:
+            size *= sharding.mesh.shape[a]
+        fitted.append(axes if dim % size == 0 else None)
+    if tuple(fitted) == spec:
+        return sharding
+    return NamedSharding(sharding.mesh, PartitionSpec(*fitted))
 
 
 def batch_sharding(mesh):

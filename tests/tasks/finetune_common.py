@@ -1,0 +1,42 @@
+"""A tiny fine-tuning config on the authored pair set (tests/tasks/data/pairs), shared by the
+in-process tests and the 8-device subprocess worker, and a reader of per-step losses."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from tests.tasks.conftest import DATA, VOCAB
+
+
+def tiny_pairs_config(steps: int = 4, restarts: int = 1, mesh: dict | None = None):
+    """H 32, 1 layer, 4 heads (tensor=4 divides heads and mlp), length 32, batch 16, dropout
+    0.1 (the dropout masks must not depend on the mesh either), float32, constant lr."""
+    from bert_jax.tasks.registry import base_config
+
+    c = base_config()
+    c.model.update(dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64))
+    c.tokenizer.vocab_file = str(VOCAB)
+    c.task.kind = "glue"
+    c.task.update(dict(name="tsv", data_dir=str(DATA / "pairs"), tfds_data_dir="",
+                       cache_dir="", max_seq_length=32, labels=(), regression=False,
+                       single_sentence=False, eval_test=False, dev_split=""))
+    c.train.update(dict(batch_size=16, eval_batch_size=40, max_steps=steps, log_every=1,
+                        num_restarts=restarts, tensorboard=False, save_best_model=False))
+    c.schedule.update(dict(lr=5e-3, warmup_steps=0, decay="constant"))
+    c.checkpoint.update(dict(every=2, keep=5, delete_finished=False))
+    if mesh:
+        c.mesh.update(mesh)
+    return c
+
+
+def losses(run_dir, key: str = "train/loss") -> dict[int, float]:
+    """step -> train/loss (or `key`) of one run's metrics.jsonl (a resumed step overwrites)."""
+    out = {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            if key in r:
+                out[r["step"]] = r[key]
+    return out
