@@ -210,3 +210,27 @@ def test_checkpointer_restores_a_two_process_checkpoint_onto_one(tmp_path, caplo
     assert not ckpt.data_restore.exact and ckpt.data_restore.position == 6
     assert src.index == 6          # MemorySource's global stream: the exact next batch
     assert "saved by 2 process(es)" in caplog.text and "restored by 1" in caplog.text
+
+
+def test_tfrecord_streams_seek_across_layouts(tmp_path):
+    """The tf.data pipeline: states of 2 hosts, restored by 1 host, put it at batch 3 of
+    its own (1-host) stream, skipped before parsing."""
+    from tests.data import fixtures
+
+    fixtures.write_files(tmp_path, 4, 20, seq=32, preds=5)
+    cfg = pretrain.data_config(train_files=str(tmp_path / "*.tfrecord"), max_seq_length=32,
+                               max_predictions_per_seq=5, batch_size=8, shuffle_buffer=16,
+                               vocab_size=fixtures.VOCAB_SIZE)
+    saved = tmp_path / "data"
+    for i in range(2):
+        it = pretrain.train_iterator(cfg, process_index=i, process_count=2)
+        for _ in range(3):
+            next(it)
+        state_lib.save_state(state_lib.state_file(saved, i, 2), it.get_state())
+    it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    out = state_lib.restore_input(saved, it, process_index=0, process_count=1)
+    assert out.position == 3 and it.batches == 3
+    fresh = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    expected = [next(fresh) for _ in range(5)][3:]
+    for want in expected:
+        _same(next(it), want)
