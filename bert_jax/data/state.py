@@ -141,9 +141,11 @@ def restore_input(directory, iterator: Any = None, *, fallback_batches: Optional
             return RestoredInput(exact=True, state=state)
         except ValueError as e:
             reason = f"the saved input state does not fit this pipeline ({e})"
+            differs = "the input pipeline differs from the saved one"
     else:
         layout = saved_layout(directory)
         counts = sorted({c for _, c, _ in layout})
+        differs = f"this run's streams are sharded and shuffled for {n} process(es)"
         if layout:
             state = load_state(layout[0][2])   # any process's: they consumed the same
             reason = (f"it was saved by {'/'.join(map(str, counts))} process(es) "
@@ -164,17 +166,16 @@ def restore_input(directory, iterator: Any = None, *, fallback_batches: Optional
         _warn(i, f"input-iterator state of checkpoint {where} not restored: {reason}. "
                  f"{why}, so the data stream starts from its beginning: NOT an exact "
                  f"resume (params, optimizer state, step and RNG are restored exactly).")
-        return RestoredInput(exact=False, state=state, position=0 if position is None else None,
-                             reason=reason)
+        return RestoredInput(exact=False, state=state, position=0, reason=reason)
     iterator.seek(int(position))
     _warn(i, f"input-iterator state of checkpoint {where} not restored exactly: {reason}. "
              f"Params, optimizer state, step and RNG are restored exactly; the data continues "
              f"from a deterministic position instead: each of the {n} process(es) skips the "
              f"first {position} batches of its own stream ({position} x the global batch "
-             f"examples counted as consumed, from {source}). NOT an exact resume: these "
-             f"streams are sharded and shuffled for {n} process(es), so within the current "
-             f"pass over the data some examples may repeat and others be skipped relative "
-             f"to an uninterrupted run. Skipping re-reads the skipped records.")
+             f"examples counted as consumed, from {source}). NOT an exact resume: "
+             f"{differs}, so which examples come next is not what an uninterrupted run "
+             f"would have read; within the current pass over the data some examples may "
+             f"repeat and others be skipped. Skipping re-reads the skipped records.")
     return RestoredInput(exact=False, state=state, position=int(position), reason=reason)
 
 

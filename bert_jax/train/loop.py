@@ -6,7 +6,9 @@ evaluation, checkpoints and preemption.
 Restarting the same command resumes from the latest checkpoint in WORKDIR/checkpoints:
 params, optimizer state, step, RNG and the input iterator's position, so the losses of the
 resumed steps are the ones an uninterrupted run would have logged. SIGTERM (preemption)
-finishes the current step, saves, and returns normally (exit code 0).
+finishes the current step, saves, and returns normally (exit code 0). Resumed with another
+number of processes, everything but the data position is still exact; the data continues
+from a deterministic position, with a warning (bert_jax.train.checkpoint).
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def test_state_without_batch_count_uses_the_step_and_no_seek_restarts(tmp_path, 
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         out = state_lib.restore_input(tmp_path, NoSeek(), fallback_batches=7,
                                       process_index=0, process_count=1)
-    assert not out.exact
+    assert not out.exact and out.position == 0
     assert "has no seek()" in caplog.text and "starts from its beginning" in caplog.text
 
     # No state at all in the item: the step again.
