@@ -11,7 +11,24 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
-def reference_run(tmp_path_factory):
+def compile_cache(tmp_path_factory):
+    """A persistent XLA compilation cache for this session: the fine-tuning tests build the
+    same tiny programs again and again (each finetune.run jits its own steps)."""
+    import jax
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    before = {n: getattr(jax.config, n) for n in names}
+    path = str(tmp_path_factory.mktemp("jax_cache"))
+    for name, value in zip(names, (path, 0, 0)):
+        jax.config.update(name, value)
+    yield path
+    for name, value in before.items():
+        jax.config.update(name, value)
+
+
+@pytest.fixture(scope="session")
+def reference_run(tmp_path_factory, compile_cache):
     """The tiny pair fine-tune (tests/tasks/finetune_common.py: 4 steps, 2 restarts) straight
     through on this process's one CPU device: (workdir, summary)."""
     from bert_jax.tasks import finetune

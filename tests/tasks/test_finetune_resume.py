@@ -1,0 +1,51 @@
+"""Preemption and resume of a fine-tuning sweep: SIGTERM saves the current run and returns;
+the same call again skips finished runs and continues the interrupted one bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+from bert_jax.tasks import finetune
+from tests.tasks.finetune_common import losses, tiny_pairs_config
+
+
+def test_sigterm_mid_sweep_then_resume_is_bit_exact(tmp_path, reference_run):
+    ref_dir, ref_summary = reference_run
+    work = tmp_path / "work"
+    steps_seen = []
+
+    def after_step(step):
+        steps_seen.append(step)
+        if len(steps_seen) == 4 + 3:  # run 1 (the second restart), step 3 of 4
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    config = tiny_pairs_config(restarts=2)
+    out = finetune.run(config, str(work), progress=False, after_step=after_step)
+    assert out == {"preempted": True, "runs_done": 1, "runs": 2}
+    # checkpoint.every=2, then the SIGTERM save of step 3; nothing recorded for run 1 yet.
+    assert sorted(map(int, os.listdir(work / "run_1" / "checkpoints"))) == [2, 3]
+    records = [json.loads(line) for line in open(work / "metrics.jsonl")]
+    assert [r["run"] for r in records] == [0]
+    run0_log = (work / "run_0" / "metrics.jsonl").read_text()
+
+    steps_seen.clear()
+    summary = finetune.run(config, str(work), progress=False, after_step=steps_seen.append)
+    assert steps_seen == [4]                    # run 0 not redone; run 1 resumed after step 3
+    assert (work / "run_0" / "metrics.jsonl").read_text() == run0_log
+    for run in ("run_0", "run_1"):
+        got, want = losses(work / run), losses(ref_dir / run)
+        assert sorted(got) == sorted(want) == [1, 2, 3, 4]
+        assert got == want, run                 # float32 on CPU: bit for bit
+    assert summary == ref_summary
+    records = [json.loads(line) for line in open(work / "metrics.jsonl")]
+    ref_records = [json.loads(line) for line in open(ref_dir / "metrics.jsonl")]
+    strip = lambda r: {k: v for k, v in r.items() if k != "train/seconds"}  # noqa: E731
+    assert [strip(r) for r in records] == [strip(r) for r in ref_records]
+
+    # A third call has nothing left to do: no training, no second summary line.
+    steps_seen.clear()
+    assert finetune.run(config, str(work), progress=False, after_step=steps_seen.append) \
+        == ref_summary
+    assert steps_seen == [] and len(open(work / "metrics.jsonl").readlines()) == 3
