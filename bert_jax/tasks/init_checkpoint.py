@@ -78,19 +78,24 @@ def open_init_checkpoint(path: str) -> InitSource:
 def _open_workdir(path: str, run: str) -> InitSource:
     import orbax.checkpoint as ocp
 
-    from bert_jax.train import checkpoint as ckpt_lib
+    from bert_jax.data.checkpointing import InputStateHandler
 
-    ckpt = ckpt_lib.Checkpointer(run, every=1)
+    directory = os.path.join(run, "checkpoints")
+    # Handlers named up front: a fresh manager cannot read an item's metadata without them.
+    manager = ocp.CheckpointManager(
+        directory, options=ocp.CheckpointManagerOptions(create=False),
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "config": ocp.JsonCheckpointHandler(), "data": InputStateHandler()})
     try:
-        step = ckpt.latest_step()
+        step = manager.latest_step()
         if step is None:
             raise FileNotFoundError(f"train.init_checkpoint={path}: no checkpoint in "
-                                    f"{ckpt.directory}")
-        saved = ckpt.manager.restore(step, args=ocp.args.Composite(
+                                    f"{directory}")
+        saved = manager.restore(step, args=ocp.args.Composite(
             config=ocp.args.JsonRestore()))["config"]
-        meta = ckpt.manager.item_metadata(step)["state"]
+        meta = manager.item_metadata(step)["state"]
     finally:
-        ckpt.close()
+        manager.close()
     where = f"train.init_checkpoint={path} (step {step})"
     if not isinstance(saved, dict) or "model" not in saved:
         raise ValueError(f"{where}: the checkpoint's config has no 'model' section")

@@ -1,0 +1,118 @@
+"""train.init_checkpoint = one of our pre-training workdirs: the latest step's encoder params
+(restored onto the fine-tuning mesh) and its model config; a size mismatch fails before any
+compile, naming the tensor and both shapes."""
+
+from __future__ import annotations
+
+import flax
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from bert_jax.tasks import finetune, init_checkpoint
+from bert_jax.tasks.finetune_run import MeshSetup, initial_state
+from bert_jax.tasks.registry import task_from_config
+from tests.tasks.conftest import VOCAB
+from tests.tasks.finetune_common import tiny_pairs_config
+
+# _saved_bert reads the checkpoint back as numpy (no target shardings): expected.
+pytestmark = pytest.mark.filterwarnings("ignore:Sharding info not provided")
+
+
+@pytest.fixture(scope="module")
+def pretrain_workdir(tmp_path_factory, compile_cache):
+    """2 steps of the pre-training loop (bert_jax.train.loop, as launch/train.py runs it) on
+    the tiny test model with BERT's 30,522-token vocabulary and scanned layers."""
+    from bert_jax.train import loop
+    from tests.train.common import memory_data, tiny_config
+
+    workdir = tmp_path_factory.mktemp("pretrain")
+    config = tiny_config(steps=2)
+    config.model.vocab_size = 30522
+    config.model.scan_layers = True
+    config.train.tensorboard = False
+    loop.train(config, str(workdir), make_train_data=memory_data,
+               make_eval_data=lambda c, w: None)
+    return workdir
+
+
+def _saved_bert(workdir, step):
+    with ocp.PyTreeCheckpointer() as ckptr:
+        tree = ckptr.restore(str(workdir / "checkpoints" / str(step) / "state"))
+    return flax.traverse_util.flatten_dict(tree["params"]["bert"])
+
+
+def _config(workdir):
+    config = tiny_pairs_config(steps=2)
+    config.train.init_checkpoint = str(workdir)
+    return config
+
+
+def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
+    source = init_checkpoint.open_init_checkpoint(str(pretrain_workdir / "checkpoints"))
+    assert (source.kind, source.step) == ("workdir", 2)
+    assert source.config.hidden_size == 32 and source.config.num_hidden_layers == 2
+    assert source.config.vocab_size == 30522 and source.config.scan_layers
+    assert source.shapes["encoder/layers/intermediate/kernel"] == (2, 32, 64)
+
+    config = _config(pretrain_workdir)
+    bert_config, source, _ = finetune.model_and_init(config)
+    assert bert_config.scan_layers and bert_config.hidden_dropout_prob == 0.1
+    task = task_from_config(config, vocab_file=str(VOCAB))
+    setup = MeshSetup.from_config(config, task, bert_config, 32)
+    steps = setup.steps_for(config, 1e-3, 2)
+    init_checkpoint.check_encoder(source, steps.abstract.params["bert"], True, 2)
+    state, _ = initial_state(setup, steps, 0, source)
+
+    got = flax.traverse_util.flatten_dict(jax.device_get(state.params["bert"]))
+    want = _saved_bert(pretrain_workdir, 2)
+    assert sorted(got) == sorted(want) and len(got) > 10
+    for key in want:
+        np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]),
+                                      err_msg="/".join(key))
+    # ...trained weights, not a fresh init: step 2 differs from a fresh seed-0 init.
+    fresh, _ = initial_state(setup, steps, 0, None)
+    fresh_kernel = np.asarray(fresh.params["bert"]["encoder"]["layers"]["intermediate"]["kernel"])
+    assert not np.array_equal(fresh_kernel, want[("encoder", "layers", "intermediate", "kernel")])
+    # The head is new and the optimizer state fresh (all moments zero).
+    assert state.params["classifier"]["dense"]["kernel"].shape == (32, 2)
+    moments = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(state.opt_state))
+               if np.asarray(x).dtype == np.float32 and np.asarray(x).ndim > 0]
+    assert moments and all(not m.any() for m in moments)
+
+
+def test_finetune_from_pretraining_workdir_end_to_end(pretrain_workdir, tmp_path):
+    config = _config(pretrain_workdir)
+    config.train.save_best_model = True
+    summary = finetune.run(config, str(tmp_path), progress=False)
+    assert summary["runs"] == 1 and 0.0 <= summary["dev/accuracy_mean"] <= 1.0
+    # best_model/ is a model directory with the layers unstacked, whose encoder is the
+    # checkpoint's moved by 2 fine-tuning steps.
+    source = init_checkpoint.open_init_checkpoint(str(tmp_path / "best_model"))
+    assert source.kind == "model_dir" and not source.config.scan_layers
+    kernel = source.params["bert"]["encoder"]["layer_1"]["intermediate"]["kernel"]
+    before = _saved_bert(pretrain_workdir, 2)[("encoder", "layers", "intermediate", "kernel")][1]
+    assert kernel.shape == (32, 64) and 0 < np.abs(kernel - before).max() < 0.05
+
+
+def test_size_mismatch_fails_before_compiling(pretrain_workdir, tmp_path, monkeypatch):
+    config = _config(pretrain_workdir)
+    config.model_overrides.intermediate_size = 128
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("reached training: the shape check came too late")
+
+    monkeypatch.setattr(finetune, "train_and_evaluate", no_training)
+    with pytest.raises(ValueError, match=r"bert/encoder/layers/intermediate/bias has shape "
+                                         r"\(2, 64\) in the checkpoint, the model expects "
+                                         r"\(2, 128\)"):
+        finetune.run(config, str(tmp_path), progress=False)
+
+
+def test_not_a_checkpoint_is_a_clear_error(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(FileNotFoundError, match="no checkpoint in"):
+        init_checkpoint.open_init_checkpoint(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="nor a pre-training workdir"):
+        init_checkpoint.open_init_checkpoint(str(tmp_path / "checkpoints" / "nothing"))
