@@ -1,0 +1,139 @@
+"""The tensorflow-datasets readers against hand-built datasets in the real tfds feature
+structure: each test takes the real builder's FeaturesDict (shipped with tfds, no download),
+yields a few examples through a tf.data.Dataset with exactly its tensor spec, and checks the
+examples the reader makes of them, field by field."""
+
+from __future__ import annotations
+
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+tfds = pytest.importorskip("tensorflow_datasets")
+
+from bert_jax.data import task_readers as readers  # noqa: E402
+from bert_jax.data.task_readers import NerExample, PairExample, SquadExample  # noqa: E402
+from bert_jax.tasks.glue import GlueTask  # noqa: E402
+
+
+def _dataset(features, rows):
+    """rows (dicts of python values) -> tf.data.Dataset with features' tensor spec."""
+    spec = features.get_tensor_spec()
+    return tf.data.Dataset.from_generator(lambda: iter(rows), output_signature=spec)
+
+
+@pytest.fixture
+def fake_tfds(monkeypatch, tmp_path):
+    """fake_tfds(name, {tfds split: rows}): tfds.builder(name) / tfds.load(name, split=...)
+    serve `rows` through the real builder's features; records the calls."""
+    real_builder = tfds.builder
+    served, calls = {}, []
+
+    def builder(name, data_dir=None, **kwargs):
+        b = real_builder(name, data_dir=str(tmp_path / "tfds"))
+        calls.append(("builder", name, data_dir))
+
+        def as_dataset(split, **kw):
+            calls.append(("as_dataset", name, split))
+            return _dataset(b.info.features, served[name][split])
+
+        b.as_dataset = as_dataset
+        return b
+
+    def load(name, split, data_dir=None, **kwargs):
+        calls.append(("load", name, split, data_dir))
+        return builder(name).as_dataset(split)
+
+    monkeypatch.setattr(tfds, "builder", builder)
+    monkeypatch.setattr(tfds, "load", load)
+
+    def serve(name, splits):
+        served[name] = splits
+        return calls
+
+    return serve
+
+
+def test_glue_mnli_labels_go_through_names(fake_tfds):
+    # tfds orders MNLI's labels (entailment, neutral, contradiction), the TSVs by name.
+    calls = fake_tfds("glue/mnli", {"validation_matched": [
+        {"premise": "A man plays.", "hypothesis": "Nobody plays.", "label": 2, "idx": 7},
+        {"premise": "Rain fell.", "hypothesis": "It rained.", "label": 0, "idx": 8},
+        {"premise": "Cats nap.", "hypothesis": "Cats are old.", "label": 1, "idx": 9}]})
+    got = readers.read_glue("mnli", "dev_matched", tfds_data_dir="/data/tfds")
+    assert got == [PairExample("7", "A man plays.", "Nobody plays.", "contradiction"),
+                   PairExample("8", "Rain fell.", "It rained.", "entailment"),
+                   PairExample("9", "Cats nap.", "Cats are old.", "neutral")]
+    assert ("builder", "glue/mnli", "/data/tfds") in calls
+    assert ("as_dataset", "glue/mnli", "validation_matched") in calls
+    # ...and on to the task's label ids (contradiction, entailment, neutral = 0, 1, 2).
+    task = GlueTask("mnli")
+    assert [task.labels.index(e.label) for e in got] == [0, 1, 2]
+
+
+def test_glue_binary_regression_single_and_test_splits(fake_tfds):
+    fake_tfds("glue/mrpc", {
+        "train": [{"sentence1": "He said so.", "sentence2": "So he said.", "label": 1,
+                   "idx": 0}],
+        "test": [{"sentence1": "Unlabelled \u00e9t\u00e9.", "sentence2": "B", "label": -1,
+                  "idx": 41}]})
+    fake_tfds("glue/stsb", {"validation": [
+        {"sentence1": "a", "sentence2": "b", "label": 3.8, "idx": 3},
+        {"sentence1": "c", "sentence2": "d", "label": 0.0, "idx": 4}]})
+    fake_tfds("glue/cola", {"train": [{"sentence": "The book was read.", "label": 1,
+                                       "idx": 5}]})
+    fake_tfds("glue/qqp", {"validation": [
+        {"question1": "Why?", "question2": "How come?", "label": 0, "idx": 11}]})
+    # MRPC: tfds ids are the TSV's Quality column (1 = equivalent), not the names.
+    assert readers.read_glue("mrpc", "train") == [
+        PairExample("0", "He said so.", "So he said.", "1")]
+    assert readers.read_glue("mrpc", "test") == [
+        PairExample("41", "Unlabelled \u00e9t\u00e9.", "B", None)]
+    assert readers.read_glue("stsb", "dev") == [PairExample("3", "a", "b", "3.8"),
+                                               PairExample("4", "c", "d", "0")]
+    assert readers.read_glue("cola", "train") == [
+        PairExample("5", "The book was read.", None, "1")]
+    assert readers.read_glue("qqp", "dev") == [PairExample("11", "Why?", "How come?", "0")]
+
+
+def test_squad_v1_and_v2(fake_tfds):
+    context = "Romeo loves Juliet. Juliet loves Romeo."
+    calls = fake_tfds("squad/v1.1", {"validation": [
+        {"id": b"q1", "title": "Verona", "context": context, "question": "Who loves Juliet?",
+         "answers": {"text": ["Romeo", "Romeo"], "answer_start": [0, 33]}}]})
+    fake_tfds("squad/v2.0", {"train": [
+        {"id": b"q2", "title": "Verona", "context": context, "question": "Who loves Tybalt?",
+         "is_impossible": True, "answers": {"text": [], "answer_start": []},
+         "plausible_answers": {"text": ["Juliet"], "answer_start": [12]}},
+        {"id": b"q3", "title": "Verona", "context": context, "question": "Who loves Romeo?",
+         "is_impossible": False, "answers": {"text": ["Juliet"], "answer_start": [20]},
+         "plausible_answers": {"text": [], "answer_start": []}}]})
+    examples, data = readers.read_squad_tfds("1.1", "dev", tfds_data_dir="/d")
+    assert examples == [SquadExample("q1", "Who loves Juliet?", context,
+                                     (("Romeo", 0), ("Romeo", 33)), False, "Verona")]
+    assert ("load", "squad/v1.1", "validation", "/d") in calls
+    assert data[0]["paragraphs"][0]["qas"][0]["answers"] == [
+        {"text": "Romeo", "answer_start": 0}, {"text": "Romeo", "answer_start": 33}]
+    examples, _ = readers.read_squad_tfds("2.0", "train")
+    assert examples == [
+        SquadExample("q2", "Who loves Tybalt?", context, (), True, "Verona"),
+        SquadExample("q3", "Who loves Romeo?", context, (("Juliet", 20),), False, "Verona")]
+
+
+def test_squad_answer_not_at_its_offset_is_an_error(fake_tfds):
+    fake_tfds("squad/v1.1", {"train": [
+        {"id": b"bad", "title": "", "context": "abc def", "question": "?",
+         "answers": {"text": ["def"], "answer_start": [1]}}]})
+    with pytest.raises(readers.DataError, match=r"tfds squad/v1.1:train.*bad.*'def'"):
+        readers.read_squad_tfds("1.1", "train")
+
+
+def test_conll2003_tags_by_name(fake_tfds):
+    calls = fake_tfds("conll2003", {"dev": [
+        {"tokens": ["EU", "rejects", "German", "call"], "pos": [22, 42, 16, 21],
+         "chunks": [11, 21, 11, 12], "ner": [3, 0, 7, 0]},
+        {"tokens": ["Peter", "Blackburn"], "pos": [22, 22], "chunks": [11, 12],
+         "ner": [1, 2]}]})
+    assert readers.read_conll_tfds("dev", tfds_data_dir="/t") == [
+        NerExample("0", ("EU", "rejects", "German", "call"), ("B-ORG", "O", "B-MISC", "O")),
+        NerExample("1", ("Peter", "Blackburn"), ("B-PER", "I-PER"))]
+    assert ("builder", "conll2003", "/t") in calls and ("as_dataset", "conll2003", "dev") in calls
