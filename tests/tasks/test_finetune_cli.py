@@ -1,0 +1,64 @@
+"""launch/train.py with a fine-tuning config, as a user runs it: SIGTERM mid-run saves and
+exits 0; the same command resumes and finishes the sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.tasks.conftest import REPO, VOCAB
+
+ARGS = ["--config=configs/glue.py:tsv", "--config.task.data_dir=tests/tasks/data/pairs",
+        f"--config.tokenizer.vocab_file={VOCAB}", "--config.model.hidden_size=32",
+        "--config.model.num_hidden_layers=1", "--config.model.num_attention_heads=2",
+        "--config.model.intermediate_size=64", "--config.task.max_seq_length=32",
+        "--config.train.batch_size=8", "--config.train.eval_batch_size=40",
+        "--config.train.log_every=1", "--config.train.tensorboard=False",
+        "--config.checkpoint.every=100000"]
+
+
+def _env():
+    return dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+@pytest.mark.slow  # two launches, each importing and compiling: ~40 s on a quiet machine
+def test_sigterm_saves_exits_0_and_the_same_command_finishes(tmp_path):
+    workdir = tmp_path / "mrpc_like"
+    cmd = [sys.executable, str(REPO / "launch/train.py"), *ARGS, f"--workdir={workdir}",
+           "--config.train.max_steps=100000"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    log = workdir / "run_0" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    saved = int(stdout.split(" at step ")[1].split(";")[0])
+    assert sorted(map(int, os.listdir(workdir / "run_0" / "checkpoints"))) == [saved]
+    assert not (workdir / "metrics.jsonl").exists()  # no run finished yet
+
+    # The same command, now bounded: resumes at `saved`, trains 2 more steps, evaluates.
+    cmd[-1] = f"--config.train.max_steps={saved + 2}"
+    done = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"resumed at step {saved}" in done.stdout
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps[-3:] == [saved + 1, saved + 2, saved + 2]  # two train logs, then the eval
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["run"] == 0 and records[0]["train/steps"] == saved + 2
+    assert records[-1]["summary"] and 0.0 <= records[-1]["dev/accuracy_mean"] <= 1.0
+    assert (workdir / "best_model" / "bert_config.json").exists()
+    assert (workdir / "run_0" / "dev_predictions-dev.tsv").exists()
