@@ -35,5 +35,6 @@ def reference_run(tmp_path_factory, compile_cache):
     from tests.tasks.finetune_common import tiny_pairs_config
 
     workdir = tmp_path_factory.mktemp("finetune_reference")
-    summary = finetune.run(tiny_pairs_config(restarts=2), str(workdir), progress=False)
+    summary = finetune.run(tiny_pairs_config(restarts=2, cache_dir=str(workdir / "cache")),
+                           str(workdir), progress=False)
     return workdir, summary

@@ -9,9 +9,11 @@ import os
 from tests.tasks.conftest import DATA, VOCAB
 
 
-def tiny_pairs_config(steps: int = 4, restarts: int = 1, mesh: dict | None = None):
+def tiny_pairs_config(steps: int = 4, restarts: int = 1, mesh: dict | None = None,
+                      cache_dir: str = ""):
     """H 32, 1 layer, 4 heads (tensor=4 divides heads and mlp), length 32, batch 16, dropout
-    0.1 (the dropout masks must not depend on the mesh either), float32, constant lr."""
+    0.1 (the dropout masks must not depend on the mesh either), float32, constant lr; eval
+    batch 48, so the last of the 200 dev pairs' batches is padded (200 = 4 x 48 + 8)."""
     from bert_jax.tasks.registry import base_config
 
     c = base_config()
@@ -20,10 +22,10 @@ def tiny_pairs_config(steps: int = 4, restarts: int = 1, mesh: dict | None = Non
     c.tokenizer.vocab_file = str(VOCAB)
     c.task.kind = "glue"
     c.task.update(dict(name="tsv", data_dir=str(DATA / "pairs"), tfds_data_dir="",
-                       cache_dir="", max_seq_length=32, labels=(), regression=False,
+                       cache_dir=cache_dir, max_seq_length=32, labels=(), regression=False,
                        single_sentence=False, eval_test=False, dev_split=""))
-    c.train.update(dict(batch_size=16, eval_batch_size=40, max_steps=steps, log_every=1,
-                        num_restarts=restarts, tensorboard=False, save_best_model=False))
+    c.train.update(dict(batch_size=16, eval_batch_size=48, max_steps=steps, log_every=1,
+                        num_restarts=restarts, tensorboard=False, save_best_model=True))
     c.schedule.update(dict(lr=5e-3, warmup_steps=0, decay="constant"))
     c.checkpoint.update(dict(every=2, keep=5, delete_finished=False))
     if mesh:

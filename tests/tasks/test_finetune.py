@@ -27,15 +27,11 @@ def _tiny_config():
     return c
 
 
-def test_run_pairs_tiny_model(tmp_path):
-    c = _tiny_config()
-    c.task.kind = "glue"
-    c.task.update(dict(name="tsv", data_dir=str(DATA / "pairs"), tfds_data_dir="",
-                       cache_dir=str(tmp_path / "cache"), max_seq_length=32, labels=(),
-                       regression=False, single_sentence=False, eval_test=False, dev_split=""))
-    summary = finetune.run(c, str(tmp_path / "work"), progress=False)
+def test_run_pairs_tiny_model(reference_run):
+    """The 2-restart tiny pair fine-tune of tests/tasks/finetune_common.py (session fixture)."""
+    work, summary = reference_run
     assert summary["runs"] == 2 and summary["best_run"] in (0, 1)
-    lines = [json.loads(l) for l in open(tmp_path / "work" / "metrics.jsonl")]
+    lines = [json.loads(l) for l in open(work / "metrics.jsonl")]
     runs, summary = lines[:-1], lines[-1]
     assert [l["seed"] for l in runs] == [0, 1]
     assert all(0.0 <= l["dev/accuracy"] <= 1.0 for l in runs)
@@ -46,14 +42,14 @@ def test_run_pairs_tiny_model(tmp_path):
     best = summary["best_run"]
     assert runs[best]["dev/score"] == max(l["dev/score"] for l in runs)
     # Each run's own log: train/loss every log_every steps, then the eval.
-    run_log = [json.loads(l) for l in open(tmp_path / "work" / "run_0" / "metrics.jsonl")]
-    assert [r["step"] for r in run_log] == [2, 4, 4] and "train/loss" in run_log[0]
+    run_log = [json.loads(l) for l in open(work / "run_0" / "metrics.jsonl")]
+    assert [r["step"] for r in run_log] == [1, 2, 3, 4, 4] and "train/loss" in run_log[0]
     assert "dev/accuracy" in run_log[-1]
     # Every dev example predicted once, in order, despite the padded last batch.
-    preds = (tmp_path / "work" / "run_0" / "dev_predictions-dev.tsv").read_text().splitlines()
+    preds = (work / "run_0" / "dev_predictions-dev.tsv").read_text().splitlines()
     assert len(preds) == 201 and preds[1].startswith("0\t")
-    assert (tmp_path / "work" / "best_model" / "bert_config.json").exists()
-    assert list((tmp_path / "cache").glob("*.tfrecord"))  # features were cached
+    assert (work / "best_model" / "bert_config.json").exists()
+    assert list((work / "cache").glob("*.tfrecord"))  # features were cached
 
 
 def test_run_squad_tiny_model(tmp_path):
