@@ -61,3 +61,36 @@ def test_meshes_match_one_device(tmp_path, reference_run):
     assert out["2.1.4"]["intermediate"] == [32, 16]
     # 30,522 rows do not split over tensor=4: that dimension stays whole (sharding.fit_sharding).
     assert out["2.1.4"]["word_embeddings"] == "P(None, 'fsdp')"
+
+
+@pytest.mark.slow  # two processes, each importing and compiling: ~1 min
+def test_two_processes_match_one_device(tmp_path, reference_run):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        address = f"localhost:{s.getsockname()[1]}"
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
+               JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    worker = str(REPO / "tests/tasks/finetune_process_worker.py")
+    procs = [subprocess.Popen([sys.executable, worker, str(i), "2", address, str(tmp_path)],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outputs = [p.communicate(timeout=900) for p in procs]
+    for p, (stdout, stderr) in zip(procs, outputs):
+        assert p.returncode == 0, stderr[-6000:]
+        assert "done" in stdout
+    got, want = losses(tmp_path / "run_0"), losses(reference_run[0] / "run_0")
+    np.testing.assert_allclose([got[s] for s in range(1, 5)], [want[s] for s in range(1, 5)],
+                               rtol=1e-4)
+    # Process 0 alone wrote the run's record and the summary; every dev pair predicted once.
+    records = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert [r.get("run") for r in records] == [0, None] and records[1]["summary"]
+    preds = (tmp_path / "run_0" / "dev_predictions-dev.tsv").read_text().splitlines()
+    assert len(preds) == 201
+    assert not (tmp_path / "best_model").exists()  # sharded across hosts: not exported
+    # Both processes saved their data position in the (kept) final checkpoint.
+    data_dir = tmp_path / "run_0" / "checkpoints" / "4" / "data"
+    assert sorted(p.name for p in data_dir.iterdir() if p.suffix == ".npz") == [
+        "process_0-of-2.npz", "process_1-of-2.npz"]
