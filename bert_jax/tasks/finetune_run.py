@@ -230,6 +230,11 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
         if checkpointer.latest_step() is not None:
             state, rng, _ = checkpointer.restore(steps.abstract,
                                                  rng_sharding=setup.replicated)
+            saved_key = np.asarray(jax.device_get(jax.random.key_data(rng)))
+            if not np.array_equal(saved_key, np.asarray(jax.random.key_data(
+                    jax.random.key(seed)))):
+                raise ValueError(f"{out_dir}/checkpoints: saved by a run with another seed "
+                                 f"than {seed} (another sweep?); use a new workdir")
             if is_main:
                 print(f"{out_dir}: resumed at step {int(jax.device_get(state.step))}",
                       flush=True)

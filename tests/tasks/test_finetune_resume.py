@@ -49,3 +49,25 @@ def test_sigterm_mid_sweep_then_resume_is_bit_exact(tmp_path, reference_run):
     assert finetune.run(config, str(work), progress=False, after_step=steps_seen.append) \
         == ref_summary
     assert steps_seen == [] and len(open(work / "metrics.jsonl").readlines()) == 3
+
+
+def test_finished_runs_are_read_back_and_must_match_the_sweep(tmp_path):
+    import pytest
+
+    lines = [{"run": 0, "seed": 0, "lr": 5e-5, "dev/accuracy": 0.75, "dev/f1": 0.5,
+              "train/steps": 9, "train/seconds": 1.5},
+             {"run": 1, "seed": 1, "lr": 5e-5, "dev/accuracy": 0.25, "dev/f1": 0.0,
+              "train/steps": 9, "train/seconds": 1.25}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    plan = [(5e-5, 0), (5e-5, 1), (3e-5, 0)]
+    done = finetune.finished_runs(str(tmp_path), plan)
+    assert done == [
+        {"run": 0, "seed": 0, "lr": 5e-5, "results": {
+            "dev": {"accuracy": 0.75, "f1": 0.5}, "train": {"steps": 9, "seconds": 1.5}}},
+        {"run": 1, "seed": 1, "lr": 5e-5, "results": {
+            "dev": {"accuracy": 0.25, "f1": 0.0}, "train": {"steps": 9, "seconds": 1.25}}}]
+    assert finetune.summarize(done, ["dev"], "accuracy")["dev/accuracy_mean"] == 0.5
+    with pytest.raises(ValueError, match=r"metrics.jsonl: line 2: run 1 \(lr 5e-05, seed 1\) "
+                                         r"is not run 1 of this config's sweep"):
+        finetune.finished_runs(str(tmp_path), [(5e-5, 0), (5e-5, 7)])
+    assert finetune.finished_runs(str(tmp_path / "nothing"), plan) == []
