@@ -34,6 +34,8 @@ flags.DEFINE_integer("accum", 1, "Micro-batches per step.")
 flags.DEFINE_string("optimizer", "adamw", "adamw | lamb")
 flags.DEFINE_string("dtype", "float32", "Compute dtype (params stay float32).")
 flags.DEFINE_bool("dropout", True, "Dropout on (as in training).")
+flags.DEFINE_string("dropout_rng", None,
+                    "hash | jax: dropout mask generator (default: the config's model.dropout_rng).")
 flags.mark_flags_as_required(["config"])
 
 
@@ -54,6 +56,8 @@ def main(argv):
     config = FLAGS.config
     with config.unlocked():
         config.model.dtype = FLAGS.dtype
+        if FLAGS.dropout_rng:
+            config.model.dropout_rng = FLAGS.dropout_rng
         if "optimizer" not in config:
             add_training_sections(config)
         config.optimizer.name = FLAGS.optimizer
@@ -99,7 +103,8 @@ def main(argv):
     print(f"model: L={mcfg.num_hidden_layers} H={mcfg.hidden_size} "
           f"({n_params / 1e6:.1f}M params), dtype {FLAGS.dtype}, {FLAGS.optimizer}, "
           f"MLM+NSP, batch {FLAGS.batch} x {FLAGS.seq} tokens, {preds} MLM slots, "
-          f"accum {FLAGS.accum}, dropout {'on' if FLAGS.dropout else 'off'}")
+          f"accum {FLAGS.accum}, dropout "
+          f"{('on (' + mcfg.dropout_rng + ' masks)') if FLAGS.dropout else 'off'}")
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; load average "
           f"{os.getloadavg()[0]:.2f} (other processes slow the figures)")
     print(f"compile: {compile_s:.1f} s")

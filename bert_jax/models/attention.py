@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.models.config import BertConfig
+from bert_jax.models.dropout import Dropout
 from bert_jax.models.layers import weight_init, zeros_init
 
 
@@ -36,7 +37,7 @@ class BertSelfAttention(nn.Module):
         # no real key at all (an all-padding eval filler) stays finite (uniform).
         scores = jnp.where(mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
         probs = jax.nn.softmax(scores, axis=-1).astype(c.compute_dtype)
-        probs = nn.Dropout(rate=c.attention_probs_dropout_prob)(
+        probs = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)(
             probs, deterministic=self.deterministic)
         ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))

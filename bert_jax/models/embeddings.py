@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bert_jax.models.config import BertConfig
+from bert_jax.models.dropout import Dropout
 from bert_jax.models.layers import layer_norm, weight_init
 
 
@@ -25,7 +26,7 @@ class BertEmbeddings(nn.Module):
         self.token_type_embeddings = embed(
             c.type_vocab_size, ("classes", "embed"), "token_type_embeddings")
         self.norm = layer_norm(c, "LayerNorm")
-        self.dropout = nn.Dropout(rate=c.hidden_dropout_prob)
+        self.dropout = Dropout(rate=c.hidden_dropout_prob, impl=c.dropout_rng)
 
     def __call__(self, input_ids, token_type_ids, position_ids: Optional[jnp.ndarray] = None,
                  deterministic: bool = True):

@@ -7,6 +7,7 @@ import jax
 
 from bert_jax.models.attention import BertSelfAttention
 from bert_jax.models.config import BertConfig
+from bert_jax.models.dropout import Dropout
 from bert_jax.models.layers import activation, dense, layer_norm
 
 _REMAT_POLICIES = {
@@ -25,7 +26,7 @@ class BertLayer(nn.Module):
     def __call__(self, x, mask):
         """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length]."""
         c = self.config
-        drop = nn.Dropout(rate=c.hidden_dropout_prob)
+        drop = Dropout(rate=c.hidden_dropout_prob, impl=c.dropout_rng)
         attention = BertSelfAttention(c, self.deterministic, name="attention")
         attention_norm = layer_norm(c, "attention_norm")
         intermediate = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")

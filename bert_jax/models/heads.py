@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bert_jax.models.config import BertConfig
+from bert_jax.models.dropout import Dropout
 from bert_jax.models.layers import activation, dense, layer_norm, zeros_init
 
 
@@ -47,5 +48,6 @@ class ClassifierHead(nn.Module):
     @nn.compact
     def __call__(self, x, deterministic: bool = True):
         if self.dropout:
-            x = nn.Dropout(rate=self.config.hidden_dropout_prob)(x, deterministic=deterministic)
+            x = Dropout(rate=self.config.hidden_dropout_prob,
+                        impl=self.config.dropout_rng)(x, deterministic=deterministic)
         return dense(self.config, self.num_labels, ("embed", "classes"), "dense")(x)

@@ -24,7 +24,7 @@ def test_reads_and_writes_original_format(tmp_path):
     assert json.loads(out.read_text()) == ORIGINAL_BASE
     full = json.loads(config.to_json_string())
     assert set(full) == set(ORIGINAL_KEYS) | {"layer_norm_eps", "pre_ln", "dtype", "param_dtype",
-                                              "remat", "scan_layers"}
+                                              "remat", "scan_layers", "dropout_rng"}
     assert BertConfig.from_dict(full) == config
 
 
