@@ -1,0 +1,49 @@
+"""The activations against float64 references."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.models.layers import activation, gelu_erf
+
+
+def _gelu64(x):
+    return np.array([v * 0.5 * (1.0 + math.erf(v / math.sqrt(2.0))) for v in x])
+
+
+def _dgelu64(x):
+    return np.array([0.5 * (1.0 + math.erf(v / math.sqrt(2.0)))
+                     + v * math.exp(-0.5 * v * v) / math.sqrt(2.0 * math.pi) for v in x])
+
+
+def test_gelu_matches_float64_and_jax():
+    x = np.concatenate([np.linspace(-12, 12, 4001), [-30.0, -0.0, 0.0, 1e-8, 30.0]])
+    x32 = jnp.asarray(x, jnp.float32)
+    x64 = np.asarray(x32, np.float64)  # compare at the float32 inputs
+    ours = np.asarray(gelu_erf(x32), np.float64)
+    ref = _gelu64(x64)
+    # x >= -1: float32 rounding, relative. Below, 1 + erf(x / sqrt2) cancels in float32 (as
+    # in PyTorch's and TF's formula) and XLA's float32 erf is ~1e-7 off near -1, so the tiny
+    # |gelu(x)| < 0.16 there carries up to ~1e-6 absolute error (6.5e-7 seen, at x ~ -5.3).
+    np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-6)
+    near = x64 >= -1
+    np.testing.assert_allclose(ours[near], ref[near], rtol=2e-6, atol=1e-12)
+    erfc = np.asarray(jax.nn.gelu(x32, approximate=False), np.float64)
+    np.testing.assert_allclose(ours[near], erfc[near], rtol=2e-6, atol=1e-12)
+    assert activation("gelu") is gelu_erf
+    # the tanh approximation is a different function (up to ~5e-4 apart)
+    assert np.max(np.abs(np.asarray(activation("gelu_new")(x32)) - ref)) > 1e-4
+
+
+def test_gelu_gradient_matches_float64():
+    x32 = jnp.linspace(-10, 10, 2001, dtype=jnp.float32)
+    g = np.asarray(jax.vmap(jax.grad(gelu_erf))(x32), np.float64)
+    np.testing.assert_allclose(g, _dgelu64(np.asarray(x32, np.float64)), rtol=1e-5, atol=2e-7)
+
+
+def test_gelu_bfloat16_stays_bfloat16():
+    y = gelu_erf(jnp.ones((4,), jnp.bfloat16))
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(y, np.float32), 0.8413447 * np.ones(4), rtol=1e-2)
