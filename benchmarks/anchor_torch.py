@@ -1,0 +1,65 @@
+r"""The issue's reference point, measured on this machine: one float32 AdamW step of
+Hugging Face PyTorch BertForPreTraining (BERT-Base, MLM + NSP) at batch 8 x 128.
+
+    python benchmarks/anchor_torch.py [--steps=5]
+
+Machines like the 2-core CI VM drift by 1.5x between hours, so a step time is only
+comparable with one measured beside it: run this right before or after
+`benchmarks/train_step.py` and compare the two medians (the README's speed table reports
+both). Needs `torch` and `transformers` (not dependencies of bert_jax; the test extra
+installs a CPU torch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    args = p.parse_args()
+    try:
+        import torch
+        from transformers import BertConfig, BertForPreTraining
+    except ImportError as e:  # pragma: no cover - optional
+        raise SystemExit(f"anchor_torch.py needs torch and transformers: {e}")
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(BertConfig()).train()  # BERT-Base defaults, dropout 0.1
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-6,
+                            weight_decay=0.01)
+    g = torch.Generator().manual_seed(0)
+    b, s = args.batch, args.seq
+    ids = torch.randint(0, 30522, (b, s), generator=g)
+    labels = torch.full((b, s), -100)
+    pos = torch.rand((b, s), generator=g) < 0.15
+    labels[pos] = ids[pos]
+    batch = dict(input_ids=ids, attention_mask=torch.ones(b, s, dtype=torch.long),
+                 token_type_ids=torch.zeros(b, s, dtype=torch.long), labels=labels,
+                 next_sentence_label=torch.randint(0, 2, (b,), generator=g))
+    times = []
+    for i in range(args.warmup + args.steps):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t)
+    print(f"HF PyTorch {torch.__version__} BertForPreTraining, float32 AdamW, MLM+NSP, batch "
+          f"{b} x {s}, {torch.get_num_threads()} threads; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"step time: median {statistics.median(times):.3f} s over {args.steps} steps "
+          f"(min {min(times):.3f}, max {max(times):.3f}); loss {loss.item():.4f}")
+
+
+if __name__ == "__main__":
+    main()
