@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from tests.tasks.conftest import REPO, VOCAB
+from tests.train.common import sigterm_when_logged
 
 ARGS = ["--config=configs/glue.py:tsv", "--config.task.data_dir=tests/tasks/data/pairs",
         f"--config.tokenizer.vocab_file={VOCAB}", "--config.model.hidden_size=32",
@@ -33,18 +32,8 @@ def test_sigterm_saves_exits_0_and_the_same_command_finishes(tmp_path):
     workdir = tmp_path / "mrpc_like"
     cmd = [sys.executable, str(REPO / "launch/train.py"), *ARGS, f"--workdir={workdir}",
            "--config.train.max_steps=100000"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
     log = workdir / "run_0" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if log.exists() and len(log.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-3000:]
+    stdout = sigterm_when_logged(cmd, _env(), log, cwd=REPO)
     saved = int(stdout.split(" at step ")[1].split(";")[0])
     assert sorted(map(int, os.listdir(workdir / "run_0" / "checkpoints"))) == [saved]
     assert not (workdir / "metrics.jsonl").exists()  # no run finished yet

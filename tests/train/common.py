@@ -109,3 +109,50 @@ def memory_eval_data(config, workdir):  # noqa: ARG001
     rows = n // pc
     return [{k: v[pi * rows:(pi + 1) * rows] for k, v in random_batch(7 + i, n).items()}
             for i in range(2)]
+
+
+def tiny_state(config=None, seed: int = 0) -> dict:
+    """The sharded pieces of a run of `config` (default `tiny_config()`) on its mesh, as the
+    trainer builds them: config, mesh, rules, model, tx, schedule, abstract, shardings, a
+    `fresh()` that initialises a new state from `seed`, and one such `state`."""
+    import jax
+
+    from bert_jax import optim
+    from bert_jax import sharding as sharding_lib
+    from bert_jax.train import state as state_lib
+    from bert_jax.train.config import total_steps
+
+    config = tiny_config() if config is None else config
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = sharding_lib.rules_from_config(config.mesh)
+    model = state_lib.create_model(config)
+    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
+    schedule = optim.make_schedule(config.schedule, total_steps(config))
+    abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, LENGTH, PREDICTIONS)
+
+    def fresh():
+        return state_lib.init_state(model, tx, mesh, rules, jax.random.key(seed), LENGTH,
+                                    PREDICTIONS, shardings)
+    return dict(config=config, mesh=mesh, rules=rules, model=model, tx=tx, schedule=schedule,
+                abstract=abstract, shardings=shardings, fresh=fresh, state=fresh())
+
+
+def sigterm_when_logged(cmd, env, log, lines: int = 3, timeout: float = 300, cwd=None) -> str:
+    """Start `cmd`, wait until the file `log` has `lines` lines, send SIGTERM, and check the
+    process exits 0 (a preempted run saves and exits cleanly). Returns its stdout."""
+    import signal
+    import subprocess
+    import time
+
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and len(log.read_text().splitlines()) >= lines:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()[1][-3000:]
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, stderr[-3000:]
+    return stdout

@@ -15,15 +15,12 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import device as data_device
 from bert_jax.data import pretrain
 from bert_jax.data import state as state_lib
 from bert_jax.train import checkpoint as ckpt_lib
-from bert_jax.train import state as train_state
-from bert_jax.train.config import total_steps
-from tests.train.common import MemorySource, tiny_config
+from tests.train.common import MemorySource, tiny_config, tiny_state
 
 LOGGER = "bert_jax.data.state"
 
@@ -171,13 +168,8 @@ def test_checkpointer_restores_a_two_process_checkpoint_onto_one(tmp_path, caplo
     """A checkpoint whose data item holds process_0-of-2 / process_1-of-2 (what a 2-process
     run writes; the arrays are global either way) restores here: step, params, optimizer
     state and RNG bit for bit, the data at the consumed position with a warning."""
-    config = tiny_config(optimizer=dict(name="lamb"))
-    mesh = sharding_lib.make_mesh(config.mesh)
-    rules = sharding_lib.rules_from_config(config.mesh)
-    model = train_state.create_model(config)
-    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
-    abstract, shardings = train_state.state_shardings(model, tx, mesh, rules, 16, 4)
-    state = train_state.init_state(model, tx, mesh, rules, jax.random.key(1), 16, 4, shardings)
+    t = tiny_state(tiny_config(optimizer=dict(name="lamb")), seed=1)
+    mesh, state, abstract = t["mesh"], t["state"], t["abstract"]
     # Something non-trivial in every part of the state.
     state = state.replace(step=state.step + 6, opt_state=jax.tree_util.tree_map(
         lambda x: x + 0.5 if x.dtype == np.float32 else x, state.opt_state))

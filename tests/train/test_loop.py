@@ -10,8 +10,6 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import optim
-from bert_jax import sharding as sharding_lib
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.data import device as data_device
 from bert_jax.data.checks import DataCheckError
@@ -20,8 +18,7 @@ from bert_jax.train import loop
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
-from bert_jax.train.config import total_steps
-from tests.train.common import MemorySource, random_batch, tiny_config
+from tests.train.common import MemorySource, random_batch, tiny_config, tiny_state
 
 
 class NaNAtStep3(MemorySource):
@@ -63,15 +60,7 @@ def test_nonfinite_stops_naming_the_step():
 
 @pytest.fixture(scope="module")
 def tiny():
-    config = tiny_config()
-    mesh = sharding_lib.make_mesh(config.mesh)
-    rules = sharding_lib.rules_from_config(config.mesh)
-    model = state_lib.create_model(config)
-    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
-    abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, 16, 4)
-    state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), 16, 4, shardings)
-    return dict(config=config, mesh=mesh, rules=rules, model=model, tx=tx, abstract=abstract,
-                shardings=shardings, state=state)
+    return tiny_state()
 
 
 def test_evaluate_is_exact_over_batches_and_ignores_filler(tiny):

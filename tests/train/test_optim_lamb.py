@@ -167,17 +167,10 @@ def test_lamb_on_the_sharded_pretraining_state():
     through state_shardings / init_state, one update with all-ones gradients. Step 1 has
     Adam's step = g / (|g| + eps) ~ 1 everywhere, so every bias / LayerNorm / output-bias
     update is -lr times that and every kernel's / embedding's update has norm lr * ||w||."""
-    from bert_jax import sharding as sharding_lib
-    from bert_jax.train import state as state_lib
-    from tests.train.common import tiny_config
+    from tests.train.common import tiny_config, tiny_state
 
-    config = tiny_config(optimizer=dict(name="lamb", clip_norm=0.0))
-    mesh = sharding_lib.make_mesh(config.mesh)
-    rules = sharding_lib.rules_from_config(config.mesh)
-    model = state_lib.create_model(config)
-    tx = optim.make_optimizer(config.optimizer, config.schedule, 5)
-    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, 16, 4)
-    state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), 16, 4, shardings)
+    t = tiny_state(tiny_config(optimizer=dict(name="lamb", clip_norm=0.0)))
+    config, tx, state = t["config"], t["tx"], t["state"]
     grads = jax.tree_util.tree_map(jnp.ones_like, state.params)
     updates, _ = jax.jit(tx.update)(grads, state.opt_state, state.params)
     lr = float(config.schedule.lr)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
 
+from tests.train.common import sigterm_when_logged
 from tests.train.conftest import REPO, read_losses, run, subprocess_env
 
 CONFIG = "--config=tests/train/tiny_run_config.py"
@@ -55,18 +54,8 @@ def test_sigterm_checkpoints_current_step_exits_0_and_resumes(tmp_path, compile_
     workdir = tmp_path / "run"
     cmd = [sys.executable, str(REPO / "launch/train.py"), CONFIG, f"--workdir={workdir}",
            "--config.train.steps=100000", "--config.checkpoint.every=100000"]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=subprocess_env(cache=compile_cache),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = workdir / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, proc.communicate()[1][-3000:]
-    proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-3000:]
+    stdout = sigterm_when_logged(cmd, subprocess_env(cache=compile_cache),
+                                 workdir / "metrics.jsonl", cwd=REPO)
     assert "preemption: saved step" in stdout
     saved = int(stdout.split("preemption: saved step ")[1].split(";")[0])
     assert sorted(map(int, os.listdir(workdir / "checkpoints"))) == [saved]

@@ -8,34 +8,22 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import optim
-from bert_jax import sharding as sharding_lib
 from bert_jax.data import device as data_device
 from bert_jax.tasks.pretraining import pretraining_loss
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
-from bert_jax.train.config import total_steps
-from tests.train.common import random_batch, tiny_config
+from tests.train.common import random_batch, tiny_config, tiny_state
 
 
 @pytest.fixture(scope="module")
 def setup():
-    config = tiny_config()
-    mesh = sharding_lib.make_mesh(config.mesh)
-    rules = sharding_lib.rules_from_config(config.mesh)
-    model = state_lib.create_model(config)
-    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
-    schedule = optim.make_schedule(config.schedule, total_steps(config))
-    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, 16, 4)
-    bsh = data_device.batch_sharding(mesh, rules)
-
-    def fresh():
-        return state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), 16, 4, shardings)
+    t = tiny_state()
+    bsh = data_device.batch_sharding(t["mesh"], t["rules"])
 
     def step_fn(accum):
-        return step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
-                                       accum_steps=accum, deterministic=True)
-    return dict(model=model, fresh=fresh, step_fn=step_fn, one=step_fn(1))
+        return step_lib.jit_train_step(t["model"], t["tx"], t["schedule"], t["shardings"], bsh,
+                                       t["rules"], accum_steps=accum, deterministic=True)
+    return dict(model=t["model"], fresh=t["fresh"], step_fn=step_fn, one=step_fn(1))
 
 
 def _host(tree):
