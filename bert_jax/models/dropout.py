@@ -24,7 +24,14 @@ same on any mesh (XLA partitions the iotas) and is recomputed, not stored, where
 cheaper. ~10x cheaper than threefry on CPU (`benchmarks/train_step.py` measures the step
 both ways: `--dropout_rng=jax`). Statistical checks (rate, independence across elements,
 rows, columns and keys) are in tests/models/test_dropout.py. `impl="jax"` is flax's
-nn.Dropout bit for bit, for reproducing runs made with it.
+nn.Dropout bit for bit.
+
+Not the default (`model.dropout_rng="jax"` is): the statistical tests pass, and the pairs
+fine-tuning acceptance run reaches the same accuracy, but the SQuAD-format acceptance run
+(tests/tasks/test_e2e_minilm.py, lr 3e-4, one seed) reached dev F1 74.9 with hash masks
+against 89.9 with jax.random.bernoulli masks. One seed cannot tell a different random
+stream on a small, high-learning-rate set from a real defect; until a multi-seed
+comparison settles it, hash masks are opt-in (`--config.model.dropout_rng=hash`).
 """
 
 from __future__ import annotations
@@ -78,7 +85,7 @@ class Dropout(nn.Module):
     rng collection "dropout"); `impl` picks the mask generator (see the module doc)."""
 
     rate: float
-    impl: str = "hash"
+    impl: str = "jax"
     rng_collection: str = "dropout"
 
     @nn.compact

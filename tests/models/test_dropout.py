@@ -36,7 +36,7 @@ def test_threshold_and_scale_are_exact():
     # drop iff hash < round(rate * 2**32); kept values scaled by 1 / (1 - threshold / 2**32)
     assert dropout_lib.drop_threshold(0.1) == 429496730
     x = jnp.full((64, 256), 3.0, jnp.float32)
-    y = Dropout(rate=0.1).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
+    y = Dropout(rate=0.1, impl="hash").apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(5)})
     y = np.asarray(y)
     kept = y != 0
     np.testing.assert_array_equal(kept, _mask_via_module_key(5, (64, 256)))
@@ -59,7 +59,7 @@ def _mask_via_module_key(seed, shape):
 
 def test_unbiased_in_expectation():
     x = jax.random.normal(jax.random.key(1), (4096, 64))
-    ys = [Dropout(rate=0.3).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(s)})
+    ys = [Dropout(rate=0.3, impl="hash").apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(s)})
           for s in range(64)]
     mean = np.mean(np.stack(ys), axis=0)
     # per element: mean of 64 draws of x*keep/0.7; its std is |x| * sqrt(0.3/0.7/64)
@@ -104,7 +104,7 @@ def test_deterministic_and_identity_cases():
     assert not np.array_equal(_mask(7, (64, 64)), _mask(8, (64, 64)))
     for kw in (dict(deterministic=True), dict(deterministic=False)):
         rate = 0.5 if kw["deterministic"] else 0.0
-        y = Dropout(rate=rate).apply({}, x, rngs={"dropout": key}, **kw)
+        y = Dropout(rate=rate, impl="hash").apply({}, x, rngs={"dropout": key}, **kw)
         np.testing.assert_array_equal(y, x)
     with pytest.raises(ValueError, match="< 2\\*\\*32"):
         dropout_lib.hash_bits(key, (2**16, 2**16, 2))
@@ -124,10 +124,10 @@ def test_jax_impl_is_flax_dropout_bit_for_bit():
 
 def test_gradient_is_the_mask_times_scale():
     x = jnp.ones((32, 64))
-    f = lambda v: jnp.sum(Dropout(rate=0.25).apply(  # noqa: E731
+    f = lambda v: jnp.sum(Dropout(rate=0.25, impl="hash").apply(  # noqa: E731
         {}, v, deterministic=False, rngs={"dropout": jax.random.key(2)}))
     g = np.asarray(jax.grad(f)(x))
-    y = np.asarray(Dropout(rate=0.25).apply({}, x, deterministic=False,
+    y = np.asarray(Dropout(rate=0.25, impl="hash").apply({}, x, deterministic=False,
                                             rngs={"dropout": jax.random.key(2)}))
     np.testing.assert_array_equal(g, y)  # d/dx (x * keep * s) = keep * s, and x = 1
 
