@@ -5,9 +5,8 @@ Hugging Face PyTorch BertForPreTraining (BERT-Base, MLM + NSP) at batch 8 x 128.
 
 Machines like the 2-core CI VM drift by 1.5x between hours, so a step time is only
 comparable with one measured beside it: run this right before or after
-`benchmarks/train_step.py` and compare the two medians (the README's speed table reports
-both). Needs `torch` and `transformers` (not dependencies of bert_jax; the test extra
-installs a CPU torch).
+`benchmarks/train_step.py` and compare the two medians. Needs `torch` and `transformers`
+(not dependencies of bert_jax; the test extra installs a CPU torch).
 """
 
 from __future__ import annotations
