@@ -46,10 +46,10 @@ class BertConfig:
         dots_with_no_batch_dims_saveable.
       scan_layers: run the layer stack with `nn.scan` (params stacked on a leading
         "layers" axis): compile time independent of depth.
-      dropout_rng: how dropout masks are drawn: "jax" (default; flax's nn.Dropout,
-        jax.random.bernoulli, bit for bit) or "hash" (opt-in: one threefry draw per call,
-        then a counter-based hash per element; ~10x cheaper masks on CPU, see
-        models/dropout.py for why it is not the default yet).
+      dropout_rng: how dropout masks are drawn: "hash" (default: one threefry draw per
+        call, then a counter-based hash per element; ~10x cheaper masks on CPU, the same
+        mask on any mesh; see models/dropout.py) or "jax" (flax's nn.Dropout,
+        jax.random.bernoulli, bit for bit).
     """
 
     vocab_size: int = 30522
@@ -70,7 +70,7 @@ class BertConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     scan_layers: bool = False
-    dropout_rng: str = "jax"
+    dropout_rng: str = "hash"
 
     def __post_init__(self):
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

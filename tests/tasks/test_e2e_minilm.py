@@ -38,6 +38,9 @@ def test_pairs_pretrained_beats_chance_and_random_init(tmp_path):
 def test_squad_pretrained_beats_random_init(tmp_path):
     pretrained = _score("squad", "pretrained", 3e-4, tmp_path, "f1", epochs=4.0)
     random_init = _score("squad", "random", 3e-4, tmp_path, "f1", epochs=4.0)
-    # Picking a random speaker of the context would score EM 42 on this dev set.
-    assert pretrained >= 80.0, pretrained
-    assert pretrained >= random_init + 30.0, (pretrained, random_init)
+    # Picking a random speaker of the context would score EM 42 on this dev set. Over seeds
+    # 0-3 and both dropout mask generators this recipe scores dev F1 49-90 (most runs 49-65;
+    # seed 0 is the lucky one: 89.9 / 74.9), random init 28; the bounds hold for every seed
+    # tried, not only the one this test runs (benchmarks/finetune_minilm.py docstring).
+    assert pretrained >= 45.0, pretrained
+    assert pretrained >= random_init + 15.0, (pretrained, random_init)
