@@ -26,7 +26,7 @@ def get_config(arg=None):
     # Tuned for a few minutes on a 2-core CPU: a small model takes a large learning rate
     # and a short warmup; batch 16 gives more updates per CPU-second than 32, and no
     # dropout (train.deterministic) learns faster in a run this short and skips the cost of
-    # the dropout masks. 400 steps reach ~11-12% eval MLM accuracy on the held-out sample
+    # the dropout masks. 400 steps reach ~10% eval MLM accuracy (0.098) on the held-out sample
     # documents against a ~7% most-frequent-token baseline. Evaluation runs at the end.
     add_training_sections(
         config,
