@@ -11,8 +11,9 @@ this machine, printed as well). Anything else on the machine slows the result: c
 
 Last measured on the 2-core development VM (2026-11-21), one after the other, BERT-Base,
 batch 8 x 128, float32 AdamW, MLM + NSP: this script 7.52 s per step (hash dropout masks;
-7.56 s and 5% more CPU time with --dropout_rng=jax), benchmarks/anchor_torch.py (Hugging
-Face PyTorch BertForPreTraining) 7.51 s and 7.76 s before and after. That is parity, not
+7.56 s with --dropout_rng=jax in its own process; interleaved in one process the jax masks
+take 7.35 s against the hash masks' 6.42), benchmarks/anchor_torch.py (Hugging Face
+PyTorch BertForPreTraining) 7.51 s and 7.76 s before and after. That is parity, not
 the 0.745x of the issue's target: two thirds of our step are XLA:CPU dot kernels, and on
 the FFN's [1024, 768] x [768, 3072] product MKL (through torch) reached 196 GFLOP/s against
 XLA:CPU's 146 (best of 6, interleaved in one process).
