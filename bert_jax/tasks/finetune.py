@@ -54,6 +54,7 @@ def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
     if config.train.init_checkpoint:
         source = open_init_checkpoint(config.train.init_checkpoint)
         bert_config = source.config
+        _check_model_section_unused(config, source)
     else:
         from bert_jax.models.config import from_config_dict
 
@@ -66,6 +67,29 @@ def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
     if config.train.random_init:  # the control run: same architecture, no weights
         source = None
     return bert_config, source, vocab
+
+
+def _check_model_section_unused(config, source: InitSource) -> None:
+    """With an init checkpoint the architecture and options come from the checkpoint's
+    config plus `model_overrides`; `config.model` only describes random init from scratch.
+    A `config.model` key set away from its default to a value the checkpoint does not have
+    (and not overridden) would otherwise be dropped without a word: fail, naming it."""
+    from bert_jax.models.config import BertConfig, ConfigError
+
+    defaults = BertConfig().to_dict()
+    loaded = source.config.to_dict()
+    ignored = sorted(
+        k for k, v in config.model.to_dict().items()
+        if k in defaults and v != defaults[k] and v != loaded[k]
+        and k not in config.model_overrides)
+    if ignored:
+        shown = ", ".join(f"config.model.{k}={config.model[k]!r} (checkpoint: {loaded[k]!r})"
+                          for k in ignored)
+        raise ConfigError(
+            f"train.init_checkpoint={config.train.init_checkpoint}: the model comes from the "
+            f"checkpoint's config, so {shown} would be ignored; set run-time options such as "
+            f"dropout_rng, dtype or remat as config.model_overrides.<key>, or clear "
+            f"train.init_checkpoint to train this architecture from scratch")
 
 
 # --- restarts, summary -------------------------------------------------------------------

@@ -44,9 +44,30 @@ def _saved_bert(workdir, step):
 
 
 def _config(workdir):
+    from bert_jax.models.config import model_config
+
     config = tiny_pairs_config(steps=2)
+    config.model = model_config()  # the architecture comes from the checkpoint
     config.train.init_checkpoint = str(workdir)
     return config
+
+
+def test_model_section_set_beside_a_checkpoint_is_an_error(pretrain_workdir):
+    from bert_jax.models.config import ConfigError
+
+    config = _config(pretrain_workdir)
+    config.model.dropout_rng = "jax"      # meant for the run, but config.model is not read
+    config.model.hidden_size = 32         # what the checkpoint has anyway: fine
+    with pytest.raises(ConfigError) as err:
+        finetune.model_and_init(config)
+    msg = str(err.value)
+    assert "config.model.dropout_rng='jax' (checkpoint: 'hash')" in msg
+    assert "hidden_size" not in msg and "config.model_overrides.<key>" in msg
+    assert str(pretrain_workdir) in msg
+
+    config.model.dropout_rng = "hash"
+    config.model_overrides.dropout_rng = "jax"
+    assert finetune.model_and_init(config)[0].dropout_rng == "jax"
 
 
 def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
