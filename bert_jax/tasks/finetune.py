@@ -60,7 +60,8 @@ def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
 
         bert_config = from_config_dict(config.model)
     vocab = source.vocab if source is not None else None
-    bert_config = bert_config.replace(**config.model_overrides.to_dict())
+    bert_config = bert_config.replace(**{k: v for k, v in config.model_overrides.to_dict().items()
+                                         if v is not None})
     if source is not None and source.kind == "workdir":
         # Restored shard by shard into the layout it was saved in.
         bert_config = bert_config.replace(scan_layers=source.config.scan_layers)
@@ -81,7 +82,7 @@ def _check_model_section_unused(config, source: InitSource) -> None:
     ignored = sorted(
         k for k, v in config.model.to_dict().items()
         if k in defaults and v != defaults[k] and v != loaded[k]
-        and k not in config.model_overrides)
+        and config.model_overrides.get(k) is None)
     if ignored:
         shown = ", ".join(f"config.model.{k}={config.model[k]!r} (checkpoint: {loaded[k]!r})"
                           for k in ignored)

@@ -13,8 +13,9 @@ configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` 
                 clip_norm 1.0
     schedule    lr (peak), lr_grid (optional sweep, e.g. (5e-5, 3e-5, 2e-5)), warmup_ratio 0.1
                 (or warmup_steps >= 0), linear decay to end_lr 0
-    model_overrides  BertConfig fields changed on top of the checkpoint's config (dropout 0.1,
-                dtype, remat ...)
+    model_overrides  BertConfig fields changed on top of the checkpoint's config: dropout
+                0.1 (both), and dtype, param_dtype, remat, scan_layers, dropout_rng (None:
+                the checkpoint's)
     tokenizer   vocab_file (default: the checkpoint's vocab.txt), do_lower_case
     model       the architecture when init_checkpoint is empty (random init from scratch)
     mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules: as
@@ -26,6 +27,7 @@ configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` 
 from __future__ import annotations
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 from bert_jax.models.config import model_config
 from bert_jax.train.config import checkpoint_config, mesh_config
@@ -42,8 +44,12 @@ def base_config() -> ml_collections.ConfigDict:
         name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))
     c.schedule = ml_collections.ConfigDict(dict(
         lr=2e-5, lr_grid=(), warmup_ratio=0.1, warmup_steps=-1, decay="linear", end_lr=0.0))
+    # Run-time options on top of the checkpoint's config; a placeholder left at None keeps
+    # the checkpoint's value (keys exist so that --config.model_overrides.<key> parses).
     c.model_overrides = ml_collections.ConfigDict(dict(
-        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1))
+        hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+        dtype=placeholder(str), param_dtype=placeholder(str), remat=placeholder(str),
+        scan_layers=placeholder(bool), dropout_rng=placeholder(str)))
     c.tokenizer = ml_collections.ConfigDict(dict(vocab_file="", do_lower_case=True))
     # Used only without init_checkpoint (training from scratch): BERT-Base by default.
     c.model = model_config()

@@ -66,8 +66,11 @@ def test_model_section_set_beside_a_checkpoint_is_an_error(pretrain_workdir):
     assert str(pretrain_workdir) in msg
 
     config.model.dropout_rng = "hash"
+    config.lock()  # as launch/train.py's config flag: only existing keys can be set
     config.model_overrides.dropout_rng = "jax"
-    assert finetune.model_and_init(config)[0].dropout_rng == "jax"
+    config.model_overrides.remat = "full"
+    bert_config = finetune.model_and_init(config)[0]
+    assert (bert_config.dropout_rng, bert_config.remat, bert_config.dtype) == ("jax", "full", "float32")
 
 
 def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
