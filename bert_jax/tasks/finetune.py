@@ -54,7 +54,6 @@ def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
     if config.train.init_checkpoint:
         source = open_init_checkpoint(config.train.init_checkpoint)
         bert_config = source.config
-        _check_model_section_unused(config, source)
     else:
         from bert_jax.models.config import from_config_dict
 
@@ -62,35 +61,43 @@ def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
     vocab = source.vocab if source is not None else None
     bert_config = bert_config.replace(**{k: v for k, v in config.model_overrides.to_dict().items()
                                          if v is not None})
-    if source is not None and source.kind == "workdir":
-        # Restored shard by shard into the layout it was saved in.
-        bert_config = bert_config.replace(scan_layers=source.config.scan_layers)
+    _check_model_config(config, source, bert_config)
     if config.train.random_init:  # the control run: same architecture, no weights
         source = None
     return bert_config, source, vocab
 
 
-def _check_model_section_unused(config, source: InitSource) -> None:
-    """With an init checkpoint the architecture and options come from the checkpoint's
-    config plus `model_overrides`; `config.model` only describes random init from scratch.
-    A `config.model` key set away from its default to a value the checkpoint does not have
-    (and not overridden) would otherwise be dropped without a word: fail, naming it."""
+def _check_model_config(config, source: Optional[InitSource], used) -> None:
+    """The run's model (`used`) is the init checkpoint's config, or `config.model` without
+    one, plus `config.model_overrides`. Fail, naming the key, where a setting would
+    otherwise be dropped without a word: a `config.model` key set away from its default to a
+    value the run does not use (beside a checkpoint, or under an override), or a layout
+    override that a pre-training workdir (restored shard by shard as saved) cannot honour."""
     from bert_jax.models.config import BertConfig, ConfigError
 
-    defaults = BertConfig().to_dict()
-    loaded = source.config.to_dict()
-    ignored = sorted(
-        k for k, v in config.model.to_dict().items()
-        if k in defaults and v != defaults[k] and v != loaded[k]
-        and config.model_overrides.get(k) is None)
-    if ignored:
-        shown = ", ".join(f"config.model.{k}={config.model[k]!r} (checkpoint: {loaded[k]!r})"
-                          for k in ignored)
+    where = (f"train.init_checkpoint={config.train.init_checkpoint}" if source is not None
+             else "config.model")
+    if (source is not None and source.kind == "workdir"
+            and used.scan_layers != source.config.scan_layers):
         raise ConfigError(
-            f"train.init_checkpoint={config.train.init_checkpoint}: the model comes from the "
-            f"checkpoint's config, so {shown} would be ignored; set run-time options such as "
-            f"dropout_rng, dtype or remat as config.model_overrides.<key>, or clear "
-            f"train.init_checkpoint to train this architecture from scratch")
+            f"{where}: config.model_overrides.scan_layers={used.scan_layers} but the workdir "
+            f"was saved with scan_layers={source.config.scan_layers}, the layout it restores "
+            f"into; leave model_overrides.scan_layers unset")
+    defaults = BertConfig().to_dict()
+    final = used.to_dict()
+    ignored = sorted(k for k, v in config.model.to_dict().items()
+                     if k in defaults and v != defaults[k] and v != final[k])
+    if ignored:
+        shown = ", ".join(f"config.model.{k}={config.model[k]!r} (the run uses {final[k]!r})"
+                          for k in ignored)
+        origin = ("the checkpoint's config plus config.model_overrides" if source is not None
+                  else "config.model plus config.model_overrides, which wins")
+        raise ConfigError(
+            f"{where}: the model is {origin}, so {shown} would be ignored; set run-time "
+            f"options such as dropout, dropout_rng, dtype or remat as "
+            f"config.model_overrides.<key>"
+            + (", or clear train.init_checkpoint to train this architecture from scratch"
+               if source is not None else ""))
 
 
 # --- restarts, summary -------------------------------------------------------------------

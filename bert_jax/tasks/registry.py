@@ -15,7 +15,7 @@ configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` 
                 (or warmup_steps >= 0), linear decay to end_lr 0
     model_overrides  BertConfig fields changed on top of the checkpoint's config: dropout
                 0.1 (both), and dtype, param_dtype, remat, scan_layers, dropout_rng (None:
-                the checkpoint's)
+                the checkpoint's); also applied over `model` without a checkpoint
     tokenizer   vocab_file (default: the checkpoint's vocab.txt), do_lower_case
     model       the architecture when init_checkpoint is empty (random init from scratch)
     mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules: as

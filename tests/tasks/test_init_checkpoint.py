@@ -61,11 +61,19 @@ def test_model_section_set_beside_a_checkpoint_is_an_error(pretrain_workdir):
     with pytest.raises(ConfigError) as err:
         finetune.model_and_init(config)
     msg = str(err.value)
-    assert "config.model.dropout_rng='jax' (checkpoint: 'hash')" in msg
+    assert "config.model.dropout_rng='jax' (the run uses 'hash')" in msg
     assert "hidden_size" not in msg and "config.model_overrides.<key>" in msg
     assert str(pretrain_workdir) in msg
 
     config.model.dropout_rng = "hash"
+    config.model.hidden_dropout_prob = 0.2  # model_overrides' 0.1 wins: also an error
+    with pytest.raises(ConfigError, match=r"config.model.hidden_dropout_prob=0.2 \(the run uses 0.1\)"):
+        finetune.model_and_init(config)
+    config.model.hidden_dropout_prob = 0.1
+    config.model_overrides.scan_layers = False  # the workdir was saved scanned
+    with pytest.raises(ConfigError, match="saved with scan_layers=True"):
+        finetune.model_and_init(config)
+    config.model_overrides.scan_layers = None
     config.lock()  # as launch/train.py's config flag: only existing keys can be set
     config.model_overrides.dropout_rng = "jax"
     config.model_overrides.remat = "full"
@@ -140,3 +148,16 @@ def test_not_a_checkpoint_is_a_clear_error(tmp_path):
         init_checkpoint.open_init_checkpoint(str(tmp_path))
     with pytest.raises(FileNotFoundError, match="nor a pre-training workdir"):
         init_checkpoint.open_init_checkpoint(str(tmp_path / "checkpoints" / "nothing"))
+
+
+def test_model_section_under_an_override_is_an_error_without_a_checkpoint():
+    from bert_jax.models.config import ConfigError
+
+    config = tiny_pairs_config(steps=2)  # random init from config.model
+    assert finetune.model_and_init(config)[0].hidden_size == 32
+    config.model.attention_probs_dropout_prob = 0.3  # model_overrides' 0.1 would win
+    with pytest.raises(ConfigError, match=r"config.model: .*which wins, so "
+                       r"config.model.attention_probs_dropout_prob=0.3 \(the run uses 0.1\)"):
+        finetune.model_and_init(config)
+    config.model_overrides.attention_probs_dropout_prob = 0.3
+    assert finetune.model_and_init(config)[0].attention_probs_dropout_prob == 0.3
