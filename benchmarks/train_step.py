@@ -82,8 +82,11 @@ def main(argv):
     state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), FLAGS.seq, preds,
                                  shardings)
     bsh = data_device.batch_sharding(mesh, rules)
+    # As launch/train.py compiles it: with the default train.skip_nonfinite=False the step
+    # has no select of old against new state (the loop stops on the flag instead).
     fn = step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
-                                 accum_steps=FLAGS.accum, deterministic=not FLAGS.dropout)
+                                 accum_steps=FLAGS.accum, deterministic=not FLAGS.dropout,
+                                 keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
     gen = np.random.default_rng(0)
     batches = [data_device.to_global(synthetic_batch(
         gen, FLAGS.batch, FLAGS.seq, preds, vocab_size=mcfg.vocab_size, cls_id=101,
@@ -113,7 +116,8 @@ def main(argv):
           f"({n_params / 1e6:.1f}M params), dtype {FLAGS.dtype}, {FLAGS.optimizer}, "
           f"MLM+NSP, batch {FLAGS.batch} x {FLAGS.seq} tokens, {preds} MLM slots, "
           f"accum {FLAGS.accum}, dropout "
-          f"{('on (' + mcfg.dropout_rng + ' masks)') if FLAGS.dropout else 'off'}")
+          f"{('on (' + mcfg.dropout_rng + ' masks)') if FLAGS.dropout else 'off'}, "
+          f"skip_nonfinite={bool(config.train.skip_nonfinite)}")
     print(f"devices: {jax.device_count()} x {jax.devices()[0].device_kind}; load average "
           f"{os.getloadavg()[0]:.2f} (other processes slow the figures)")
     print(f"compile: {compile_s:.1f} s")

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
@@ -51,8 +51,10 @@ from bert_jax.train.state import TrainState
 def train_step(state: TrainState, batch, rng, *, model, task, tx, schedule):
     """One optimizer update. batch: the task's features `<int32>[batch, ...]` plus
     example_weights `<float32>[batch]`; rng: the run's key (dropout of this step:
-    fold_in(rng, step)). A non-finite loss or gradient leaves the state unchanged
-    (`train/nonfinite` = 1; the loop stops there). Returns (state, float32 scalars)."""
+    fold_in(rng, step)). A non-finite loss or gradient sets `train/nonfinite` = 1 and the
+    loop stops there: it reads the flags before it saves or evaluates, so the step needs no
+    select of old against new state (a full extra pass over params and both Adam moments;
+    see bert_jax/train/step.py). Returns (state, float32 scalars)."""
     step_rng = jax.random.fold_in(rng, state.step)
 
     def loss_fn(params):
@@ -65,9 +67,7 @@ def train_step(state: TrainState, batch, rng, *, model, task, tx, schedule):
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    keep = functools.partial(jax.tree_util.tree_map, lambda n, o: jnp.where(ok, n, o))
-    new_state = TrainState(step=state.step + 1, params=keep(params, state.params),
-                           opt_state=keep(opt_state, state.opt_state))
+    new_state = TrainState(step=state.step + 1, params=params, opt_state=opt_state)
     metrics = {"train/loss": loss, "train/grad_norm": grad_norm,
                "train/lr": schedule(state.step), "train/nonfinite": (~ok)}
     return new_state, {k: jnp.asarray(v, jnp.float32) for k, v in metrics.items()}
@@ -244,9 +244,19 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
 
         saved_config = json.loads(config.to_json_best_effort())
 
+        def stop_if_nonfinite(records, step):
+            bad = [r for r in records if r["train/nonfinite"]]
+            if bad:
+                raise FloatingPointError(
+                    f"{out_dir}: non-finite loss or gradient by step {step} "
+                    f"(loss={bad[0]['train/loss']}, grad_norm="
+                    f"{bad[0]['train/grad_norm']}); lower the learning rate")
+
         def save(state):
-            checkpointer.save(state, rng, _Position(seed, int(jax.device_get(state.step))),
-                              saved_config, force=True)
+            step = int(jax.device_get(state.step))
+            stop_if_nonfinite([{k: float(v) for k, v in _host(x).items()} for x in pending],
+                              step)
+            checkpointer.save(state, rng, _Position(seed, step), saved_config, force=True)
 
         if progress and is_main:
             from tqdm import tqdm
@@ -262,12 +272,7 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
                 if step % log_every == 0 or step == total:
                     records = [{k: float(v) for k, v in _host(x).items()} for x in pending]
                     pending = []
-                    bad = [r for r in records if r["train/nonfinite"]]
-                    if bad:
-                        raise FloatingPointError(
-                            f"{out_dir}: non-finite loss or gradient by step {step} "
-                            f"(loss={bad[0]['train/loss']}, grad_norm="
-                            f"{bad[0]['train/grad_norm']}); lower the learning rate")
+                    stop_if_nonfinite(records, step)
                     scalars = metrics_lib.average(records)
                     scalars.pop("train/nonfinite")
                     writer.write(step, scalars)

@@ -167,16 +167,34 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                    f"{jax.device_count()} {jax.devices()[0].platform} devices, "
                    f"{jax.process_count()} process(es); steps {start} -> {steps}")
 
+    # Stopping on a non-finite step (the default) needs no select of old against new state
+    # in the step: the loop reads every step's flag before it saves or evaluates anything.
+    skip_nonfinite = bool(config.train.skip_nonfinite)
     train_fn = step_lib.jit_train_step(model, tx, schedule, shardings, batch_sharding, rules,
                                        accum_steps=accum,
-                                       deterministic=bool(config.train.deterministic))
+                                       deterministic=bool(config.train.deterministic),
+                                       keep_state_on_nonfinite=skip_nonfinite)
     eval_fn = step_lib.jit_eval_step(model, shardings.params, batch_sharding, rules)
     flops = metrics_lib.model_flops_per_example(model_cfg, seq_len, max_pred,
                                                 nsp=model.nsp)
     peak, peak_source = metrics_lib.peak_flops_per_device()
     config_dict = config_to_dict(config)
 
+    unchecked: list[tuple[int, dict]] = []    # (step, device metrics) not yet flag-checked
+    nonfinite_skipped = 0
+
+    def check_finite(lag: int = 0) -> None:
+        """Reads the non-finite flags of all but the last `lag` unchecked steps (raising
+        NonFiniteError unless train.skip_nonfinite). lag=1 in the loop reads the previous
+        step's flag, already computed, without stalling the pipeline; lag=0 before anything
+        saves or evaluates the state."""
+        nonlocal nonfinite_skipped
+        while len(unchecked) > lag:
+            at, m = unchecked.pop(0)
+            nonfinite_skipped += _check_finite(m, at, config)
+
     def save(force: bool) -> bool:
+        check_finite()
         started = checkpointer.save(state, rng, train_data, config_dict, force=force)
         if started and after_save is not None:
             checkpointer.wait()
@@ -184,6 +202,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         return started
 
     def run_eval(step: int) -> dict:
+        check_finite()
         eval_batches = make_eval_data(config, workdir)
         if eval_batches is None:
             return {}
@@ -196,7 +215,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     bar = _progress(is_main, start, steps)
     pending: list[dict] = []      # device metrics of the steps since the last log
     last_log_time, last_log_step = None, start
-    compiled, eval_scalars, preempted, nonfinite_skipped = None, {}, False, 0
+    compiled, eval_scalars, preempted = None, {}, False
     log_every, eval_every = int(config.train.log_every), int(config.train.eval_every)
     ckpt_every = max(int(config.checkpoint.every), 1)
     summary: dict = {}
@@ -212,13 +231,12 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                 state, step_metrics = compiled(state, batch, rng)
                 step += 1
                 pending.append(step_metrics)
-                # Look at the previous step's flag (already computed, no pipeline stall).
-                if len(pending) >= 2:
-                    nonfinite_skipped += _check_finite(pending[-2], step - 1, config)
+                unchecked.append((step, step_metrics))
+                check_finite(lag=1)
                 if bar is not None:
                     bar.update(1)
                 if step % log_every == 0 or step == steps:
-                    nonfinite_skipped += _check_finite(pending[-1], step, config)
+                    check_finite()
                     records = [step_lib.host_metrics(m) for m in pending]
                     now = time.perf_counter()
                     scalars = metrics_lib.average(records)
@@ -271,8 +289,8 @@ def _check_finite(metrics: dict, step: int, config) -> int:
         gnorm = float(jax.device_get(metrics["train/grad_norm"]))
         raise NonFiniteError(
             f"non-finite loss or gradient at step {step} (loss={loss}, grad_norm={gnorm}); "
-            f"the update was not applied. Lower the learning rate, check the data, or set "
-            f"--config.train.skip_nonfinite=True to skip such updates.")
+            f"stopped before saving anything from it. Lower the learning rate, check the "
+            f"data, or set --config.train.skip_nonfinite=True to skip such updates.")
     return int(bad > 0)
 
 

@@ -73,6 +73,29 @@ def test_run_squad_tiny_model(tmp_path):
         assert (preds[q] == "") == (odds[q] > 0.0) or not any(x["text"] for x in nbest[q])
 
 
+def test_nonfinite_run_stops_before_saving_it(tmp_path):
+    # The step applies every update (no select of old against new state), so the loop must
+    # read the flags before each save: lr 1e30 makes step 1's update overflow, and no
+    # checkpoint may hold what followed.
+    from tests.tasks.finetune_common import tiny_pairs_config
+
+    c = tiny_pairs_config(steps=4)
+    c.train.log_every = 100      # no log step before the end: the save has to read the flags
+    c.checkpoint.update(dict(every=1, keep=10))
+    c.schedule.lr = 1e30
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient by step"):
+        finetune.run(c, str(tmp_path), progress=False)
+    ckpt = tmp_path / "run_0" / "checkpoints"
+    saved = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
+    import jax
+    import orbax.checkpoint as ocp
+    for step in saved:
+        tree = ocp.PyTreeCheckpointer().restore(str(ckpt / str(step) / "state"))
+        assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(tree)
+                   if np.issubdtype(np.asarray(x).dtype, np.floating)), step
+    assert saved == [1]
+
+
 def test_init_from_minilm_hf_dir(minilm_dir, tmp_path):
     source = init_checkpoint.open_init_checkpoint(str(minilm_dir))
     assert source.kind == "hf"

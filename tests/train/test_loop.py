@@ -48,6 +48,25 @@ def test_skip_nonfinite_logs_and_continues(tmp_path):
     assert (tmp_path / "checkpoints" / "5").is_dir()
 
 
+def test_nonfinite_stop_saves_nothing_from_that_step(tmp_path):
+    # The default stops the run: the step runs without the old-versus-new select, so the
+    # loop must read step 3's flag before the step-3 checkpoint (every step here) is written.
+    import orbax.checkpoint as ocp
+
+    config = tiny_config(steps=5, checkpoint=dict(every=1, keep=10))
+    config.train.tensorboard = False
+    config.train.log_every = 10   # no log step before 10: the save itself reads the flag
+    with pytest.raises(loop.NonFiniteError, match="at step 3 .*stopped before saving"):
+        loop.train(config, str(tmp_path), make_train_data=lambda c, w: NaNAtStep3(8),
+                   make_eval_data=lambda c, w: None)
+    ckpt = tmp_path / "checkpoints"
+    assert sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) == [1, 2]
+    restored = ocp.PyTreeCheckpointer().restore(str(ckpt / "2" / "state"))
+    leaves = jax.tree_util.tree_leaves(restored)
+    assert leaves and all(np.all(np.isfinite(np.asarray(x))) for x in leaves
+                          if np.issubdtype(np.asarray(x).dtype, np.floating))
+
+
 def test_nonfinite_stops_naming_the_step():
     config = tiny_config()
     metrics = {"train/nonfinite": np.float32(1), "train/loss": np.float32(np.nan),

@@ -87,6 +87,26 @@ def test_non_finite_step_leaves_the_state_unchanged(setup):
         np.testing.assert_array_equal(a, b)
 
 
+def test_update_without_the_nonfinite_select_is_the_same(setup):
+    # The loop's default (stop on a non-finite step) compiles the step without the select
+    # of old against new state; on finite steps that changes nothing, bit for bit.
+    t = tiny_state()
+    bsh = data_device.batch_sharding(t["mesh"], t["rules"])
+    no_select = step_lib.jit_train_step(t["model"], t["tx"], t["schedule"], t["shardings"], bsh,
+                                        t["rules"], deterministic=True,
+                                        keep_state_on_nonfinite=False)
+    out = {}
+    for name, fn in (("select", setup["one"]), ("no_select", no_select)):
+        state = setup["fresh"]()
+        for i in range(3):
+            state, m = fn(state, random_batch(30 + i, 8), jax.random.key(1))
+        out[name] = (_host(state), float(m["train/loss"]))
+    assert out["select"][1] == out["no_select"][1]
+    for a, b in zip(jax.tree_util.tree_leaves(out["select"][0]),
+                    jax.tree_util.tree_leaves(out["no_select"][0])):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_dropout_key_depends_on_the_step():
     # fold_in(rng, step): two steps on the same batch and params use different masks.
     config = tiny_config()
