@@ -2,11 +2,15 @@ r"""The issue's reference point, measured on this machine: one float32 AdamW ste
 Hugging Face PyTorch BertForPreTraining (BERT-Base, MLM + NSP) at batch 8 x 128.
 
     python benchmarks/anchor_torch.py [--steps=5]
+    python benchmarks/anchor_torch.py --interleave --steps=9    # ratio to our step
 
 Machines like the 2-core CI VM drift by 1.5x between hours, so a step time is only
-comparable with one measured beside it: run this right before or after
-`benchmarks/train_step.py` and compare the two medians. Needs `torch` and `transformers`
-(not dependencies of bert_jax; the test extra installs a CPU torch).
+comparable with one measured beside it. With --interleave this process also builds
+bert_jax's BERT-Base pre-training step exactly as `benchmarks/train_step.py` does
+(configs/bert_base.py, float32 AdamW, MLM + NSP, dropout on, synthetic batch) and alternates
+one torch step and one bert_jax step, so both see the same machine; it prints both medians
+and their ratio. Needs `torch` and `transformers` (not dependencies of bert_jax; the test
+extra installs a CPU torch).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ def main():
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--interleave", action="store_true",
+                   help="alternate with bert_jax's step on configs/bert_base.py")
     args = p.parse_args()
     try:
         import torch
@@ -43,7 +49,8 @@ def main():
     batch = dict(input_ids=ids, attention_mask=torch.ones(b, s, dtype=torch.long),
                  token_type_ids=torch.zeros(b, s, dtype=torch.long), labels=labels,
                  next_sentence_label=torch.randint(0, 2, (b,), generator=g))
-    times = []
+    ours = _bert_jax_step(b, s) if args.interleave else None
+    times, ours_times = [], []
     for i in range(args.warmup + args.steps):
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
@@ -53,11 +60,75 @@ def main():
         opt.step()
         if i >= args.warmup:
             times.append(time.perf_counter() - t)
+        if ours is not None:
+            time.sleep(0.5)      # let torch's OpenMP threads stop spinning
+            t = time.perf_counter()
+            ours_loss = ours()
+            if i >= args.warmup:
+                ours_times.append(time.perf_counter() - t)
+            time.sleep(0.5)
     print(f"HF PyTorch {torch.__version__} BertForPreTraining, float32 AdamW, MLM+NSP, batch "
           f"{b} x {s}, {torch.get_num_threads()} threads; load average "
           f"{os.getloadavg()[0]:.2f}")
     print(f"step time: median {statistics.median(times):.3f} s over {args.steps} steps "
           f"(min {min(times):.3f}, max {max(times):.3f}); loss {loss.item():.4f}")
+    if ours is not None:
+        m = statistics.median(ours_times)
+        print(f"bert_jax configs/bert_base.py step, interleaved: median {m:.3f} s (min "
+              f"{min(ours_times):.3f}, max {max(ours_times):.3f}); loss {ours_loss:.4f}")
+        print(f"ratio bert_jax / HF PyTorch: {m / statistics.median(times):.3f}")
+
+
+def _bert_jax_step(batch: int, seq: int):
+    """A closure running one bert_jax BERT-Base pre-training step (as train_step.py builds
+    it: the trainer's jitted, sharded step, the default config, synthetic batches)."""
+    import importlib.util
+    import sys
+
+    import jax
+    import numpy as np
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bert_jax import optim
+    from bert_jax import sharding as sharding_lib
+    from bert_jax.data import device as data_device
+    from bert_jax.data.synthetic import synthetic_batch
+    from bert_jax.train import state as state_lib
+    from bert_jax.train import step as step_lib
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "configs", "bert_base.py")
+    spec = importlib.util.spec_from_file_location("bert_base_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    with config.unlocked():
+        config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+    preds = max(1, int(round(0.15 * seq)))
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = sharding_lib.rules_from_config(config.mesh)
+    model = state_lib.create_model(config)
+    mcfg = state_lib.model_config(config)
+    tx = optim.make_optimizer(config.optimizer, config.schedule, 1_000_000)
+    schedule = optim.make_schedule(config.schedule, 1_000_000)
+    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq, preds)
+    holder = {"state": state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), seq,
+                                            preds, shardings), "count": 0}
+    bsh = data_device.batch_sharding(mesh, rules)
+    fn = step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
+                                 keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
+    gen = np.random.default_rng(0)
+    batches = [data_device.to_global(synthetic_batch(
+        gen, batch, seq, preds, vocab_size=mcfg.vocab_size, cls_id=101, sep_id=102,
+        mask_id=103), bsh) for _ in range(2)]
+    rng = jax.device_put(jax.random.key(1), sharding_lib.replicated(mesh))
+    compiled = fn.lower(holder["state"], batches[0], rng).compile()
+
+    def run() -> float:
+        holder["state"], m = compiled(holder["state"], batches[holder["count"] % 2], rng)
+        holder["count"] += 1
+        return float(jax.block_until_ready(m)["train/loss"])
+    return run
 
 
 if __name__ == "__main__":

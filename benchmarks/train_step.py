@@ -9,14 +9,15 @@ device table's bf16 figure on accelerators, and on CPU a measured float32 matmul
 this machine, printed as well). Anything else on the machine slows the result: check
 `uptime` first.
 
-Last measured on the 2-core development VM (2026-11-21), one after the other, BERT-Base,
-batch 8 x 128, float32 AdamW, MLM + NSP: this script 7.52 s per step (hash dropout masks;
-7.56 s with --dropout_rng=jax in its own process; interleaved in one process the jax masks
-take 7.35 s against the hash masks' 6.42), benchmarks/anchor_torch.py (Hugging Face
-PyTorch BertForPreTraining) 7.51 s and 7.76 s before and after. That is parity, not
-the 0.745x of the issue's target: two thirds of our step are XLA:CPU dot kernels, and on
-the FFN's [1024, 768] x [768, 3072] product MKL (through torch) reached 196 GFLOP/s against
-XLA:CPU's 146 (best of 6, interleaved in one process).
+Last measured on the 2-core development VM (2026-11-21), BERT-Base, batch 8 x 128, float32
+AdamW, MLM + NSP, against Hugging Face PyTorch BertForPreTraining alternated step by step in
+one process (`benchmarks/anchor_torch.py --interleave`; separate processes differ by up to
+15% on this VM): medians of 8-9 steps, ours / torch = 6.20 / 6.41 s, 5.93 / 6.33 s and
+6.86 / 6.38 s in three runs (0.94-1.08x). Dropping the select of old against new state when
+the run stops on a non-finite step (the default) took 0.6 s off our step (6.80 s with it in
+the first run). That is parity, not the 0.745x of the issue's target: two thirds of our
+step are XLA:CPU dot kernels, and on the FFN's [1024, 768] x [768, 3072] product MKL
+(through torch) reached 196-219 GFLOP/s against XLA:CPU's 146-169 (best of 6, interleaved).
 """
 
 from __future__ import annotations
