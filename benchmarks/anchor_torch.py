@@ -80,52 +80,28 @@ def main():
 
 
 def _bert_jax_step(batch: int, seq: int):
-    """A closure running one bert_jax BERT-Base pre-training step (as train_step.py builds
-    it: the trainer's jitted, sharded step, the default config, synthetic batches)."""
+    """A closure running one bert_jax BERT-Base pre-training step, built as train_step.py
+    builds it (configs/bert_base.py, dropout on); returns the step's loss."""
     import importlib.util
     import sys
 
     import jax
-    import numpy as np
 
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from bert_jax import optim
-    from bert_jax import sharding as sharding_lib
-    from bert_jax.data import device as data_device
-    from bert_jax.data.synthetic import synthetic_batch
-    from bert_jax.train import state as state_lib
-    from bert_jax.train import step as step_lib
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:0] = [os.path.dirname(here), here]
+    from pretrain_step import build
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "configs", "bert_base.py")
-    spec = importlib.util.spec_from_file_location("bert_base_config", path)
+    spec = importlib.util.spec_from_file_location(
+        "bert_base_config", os.path.join(os.path.dirname(here), "configs", "bert_base.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config()
-    with config.unlocked():
-        config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
-    preds = max(1, int(round(0.15 * seq)))
-    mesh = sharding_lib.make_mesh(config.mesh)
-    rules = sharding_lib.rules_from_config(config.mesh)
-    model = state_lib.create_model(config)
-    mcfg = state_lib.model_config(config)
-    tx = optim.make_optimizer(config.optimizer, config.schedule, 1_000_000)
-    schedule = optim.make_schedule(config.schedule, 1_000_000)
-    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq, preds)
-    holder = {"state": state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), seq,
-                                            preds, shardings), "count": 0}
-    bsh = data_device.batch_sharding(mesh, rules)
-    fn = step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
-                                 keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
-    gen = np.random.default_rng(0)
-    batches = [data_device.to_global(synthetic_batch(
-        gen, batch, seq, preds, vocab_size=mcfg.vocab_size, cls_id=101, sep_id=102,
-        mask_id=103), bsh) for _ in range(2)]
-    rng = jax.device_put(jax.random.key(1), sharding_lib.replicated(mesh))
-    compiled = fn.lower(holder["state"], batches[0], rng).compile()
+    built = build(module.get_config(), batch, seq, max(1, int(round(0.15 * seq))))
+    holder = {"state": built["state"], "count": 0}
 
     def run() -> float:
-        holder["state"], m = compiled(holder["state"], batches[holder["count"] % 2], rng)
+        holder["state"], m = built["compiled"](holder["state"],
+                                               built["batches"][holder["count"] % 2],
+                                               built["rng"])
         holder["count"] += 1
         return float(jax.block_until_ready(m)["train/loss"])
     return run

@@ -41,7 +41,6 @@ def _example(rng, seq, preds, vocab=30522):
     positions = np.sort(rng.choice(np.arange(1, length - 1), n, replace=False))
     labels = ids[positions].copy()
     ids[positions] = 103
-    pad = seq - length
 
     def ints(v, width):
         return tf.train.Feature(int64_list=tf.train.Int64List(

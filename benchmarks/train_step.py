@@ -29,6 +29,7 @@ import time
 
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -54,14 +55,9 @@ def main(argv):
     import jax
     import numpy as np
 
-    from bert_jax import optim
-    from bert_jax import sharding as sharding_lib
-    from bert_jax.data import device as data_device
-    from bert_jax.data.synthetic import synthetic_batch
     from bert_jax.train import metrics as metrics_lib
-    from bert_jax.train import state as state_lib
-    from bert_jax.train import step as step_lib
     from bert_jax.train.config import add_training_sections
+    from pretrain_step import build
 
     config = FLAGS.config
     with config.unlocked():
@@ -71,32 +67,12 @@ def main(argv):
         if "optimizer" not in config:
             add_training_sections(config)
         config.optimizer.name = FLAGS.optimizer
-        config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
     preds = FLAGS.predictions or max(1, int(round(0.15 * FLAGS.seq)))
-    mesh = sharding_lib.make_mesh(config.mesh)
-    rules = sharding_lib.rules_from_config(config.mesh)
-    model = state_lib.create_model(config)
-    mcfg = state_lib.model_config(config)
-    tx = optim.make_optimizer(config.optimizer, config.schedule, 1_000_000)
-    schedule = optim.make_schedule(config.schedule, 1_000_000)
-    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, FLAGS.seq, preds)
-    state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), FLAGS.seq, preds,
-                                 shardings)
-    bsh = data_device.batch_sharding(mesh, rules)
-    # As launch/train.py compiles it: with the default train.skip_nonfinite=False the step
-    # has no select of old against new state (the loop stops on the flag instead).
-    fn = step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
-                                 accum_steps=FLAGS.accum, deterministic=not FLAGS.dropout,
-                                 keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
-    gen = np.random.default_rng(0)
-    batches = [data_device.to_global(synthetic_batch(
-        gen, FLAGS.batch, FLAGS.seq, preds, vocab_size=mcfg.vocab_size, cls_id=101,
-        sep_id=102, mask_id=103), bsh) for _ in range(2)]
-    rng = jax.device_put(jax.random.key(1), sharding_lib.replicated(mesh))
-
-    t = time.perf_counter()
-    compiled = fn.lower(state, batches[0], rng).compile()
-    compile_s = time.perf_counter() - t
+    built = build(config, FLAGS.batch, FLAGS.seq, preds, accum=FLAGS.accum,
+                  dropout=FLAGS.dropout)
+    model, mcfg, state = built["model"], built["mcfg"], built["state"]
+    batches, rng, compiled = built["batches"], built["rng"], built["compiled"]
+    compile_s = built["compile_s"]
     for i in range(FLAGS.warmup):
         state, m = compiled(state, batches[i % 2], rng)
     jax.block_until_ready(state)

@@ -1,0 +1,48 @@
+"""The trainer's jitted, sharded pre-training step on synthetic batches, as the benchmarks
+build it (train_step.py; anchor_torch.py --interleave). Not a script."""
+
+from __future__ import annotations
+
+import time
+
+
+def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: bool = True):
+    """All local devices in one data-parallel mesh. Returns a dict: model, mcfg (the
+    BertConfig), state, batches (two synthetic global batches), rng, compiled (the step,
+    compiled as launch/train.py compiles it) and compile_s."""
+    import jax
+    import numpy as np
+
+    from bert_jax import optim
+    from bert_jax import sharding as sharding_lib
+    from bert_jax.data import device as data_device
+    from bert_jax.data.synthetic import synthetic_batch
+    from bert_jax.train import state as state_lib
+    from bert_jax.train import step as step_lib
+
+    with config.unlocked():
+        config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = sharding_lib.rules_from_config(config.mesh)
+    model = state_lib.create_model(config)
+    mcfg = state_lib.model_config(config)
+    tx = optim.make_optimizer(config.optimizer, config.schedule, 1_000_000)
+    schedule = optim.make_schedule(config.schedule, 1_000_000)
+    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq, preds)
+    state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), seq, preds,
+                                 shardings)
+    bsh = data_device.batch_sharding(mesh, rules)
+    # As launch/train.py compiles it: with the default train.skip_nonfinite=False the step
+    # has no select of old against new state (the loop stops on the flag instead).
+    fn = step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
+                                 accum_steps=accum, deterministic=not dropout,
+                                 keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
+    gen = np.random.default_rng(0)
+    batches = [data_device.to_global(synthetic_batch(
+        gen, batch, seq, preds, vocab_size=mcfg.vocab_size, cls_id=101, sep_id=102,
+        mask_id=103), bsh) for _ in range(2)]
+    rng = jax.device_put(jax.random.key(1), sharding_lib.replicated(mesh))
+    t = time.perf_counter()
+    compiled = fn.lower(state, batches[0], rng).compile()
+    return dict(model=model, mcfg=mcfg, state=state, batches=batches, rng=rng,
+                compiled=compiled, compile_s=time.perf_counter() - t)
