@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
 
 
@@ -49,7 +50,11 @@ def main():
     batch = dict(input_ids=ids, attention_mask=torch.ones(b, s, dtype=torch.long),
                  token_type_ids=torch.zeros(b, s, dtype=torch.long), labels=labels,
                  next_sentence_label=torch.randint(0, 2, (b,), generator=g))
-    ours = _bert_jax_step(b, s) if args.interleave else None
+    ours = None
+    if args.interleave:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from pretrain_step import base_stepper
+        ours = base_stepper(b, s)
     times, ours_times = [], []
     for i in range(args.warmup + args.steps):
         t = time.perf_counter()
@@ -77,34 +82,6 @@ def main():
         print(f"bert_jax configs/bert_base.py step, interleaved: median {m:.3f} s (min "
               f"{min(ours_times):.3f}, max {max(ours_times):.3f}); loss {ours_loss:.4f}")
         print(f"ratio bert_jax / HF PyTorch: {m / statistics.median(times):.3f}")
-
-
-def _bert_jax_step(batch: int, seq: int):
-    """A closure running one bert_jax BERT-Base pre-training step, built as train_step.py
-    builds it (configs/bert_base.py, dropout on); returns the step's loss."""
-    import importlib.util
-    import sys
-
-    import jax
-
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path[:0] = [os.path.dirname(here), here]
-    from pretrain_step import build
-
-    spec = importlib.util.spec_from_file_location(
-        "bert_base_config", os.path.join(os.path.dirname(here), "configs", "bert_base.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    built = build(module.get_config(), batch, seq, max(1, int(round(0.15 * seq))))
-    holder = {"state": built["state"], "count": 0}
-
-    def run() -> float:
-        holder["state"], m = built["compiled"](holder["state"],
-                                               built["batches"][holder["count"] % 2],
-                                               built["rng"])
-        holder["count"] += 1
-        return float(jax.block_until_ready(m)["train/loss"])
-    return run
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The trainer's jitted, sharded pre-training step on synthetic batches, as the benchmarks
-build it (train_step.py; anchor_torch.py --interleave). Not a script."""
+build it (train_step.py; anchor_torch.py and anchor_kerashub.py --interleave). Not a script."""
 
 from __future__ import annotations
 
@@ -46,3 +46,32 @@ def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: 
     compiled = fn.lower(state, batches[0], rng).compile()
     return dict(model=model, mcfg=mcfg, state=state, batches=batches, rng=rng,
                 compiled=compiled, compile_s=time.perf_counter() - t)
+
+
+def base_stepper(batch: int, seq: int):
+    """A closure running one step of configs/bert_base.py (float32 AdamW, MLM + NSP, dropout
+    on, 0.15 * seq predictions) built as train_step.py builds it; returns the step's loss.
+    The anchors alternate it with another framework's step."""
+    import importlib.util
+    import os
+    import sys
+
+    import jax
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    spec = importlib.util.spec_from_file_location(
+        "bert_base_config", os.path.join(root, "configs", "bert_base.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    built = build(module.get_config(), batch, seq, max(1, int(round(0.15 * seq))))
+    holder = {"state": built["state"], "count": 0}
+
+    def run() -> float:
+        holder["state"], m = built["compiled"](holder["state"],
+                                               built["batches"][holder["count"] % 2],
+                                               built["rng"])
+        holder["count"] += 1
+        return float(jax.block_until_ready(m)["train/loss"])
+    return run
