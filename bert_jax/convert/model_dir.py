@@ -15,6 +15,7 @@ import os
 import shutil
 from typing import Any, Optional
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -44,7 +45,11 @@ def save_model_dir(path: str, params: Any, config: BertConfig,
     if config.scan_layers:
         params = unstack_layers(params, config.num_hidden_layers)
     params = _to_numpy(params)
-    with ocp.StandardCheckpointer() as ckptr:
+    # Host numpy, written by the calling process alone: with several processes the others
+    # must not be waited for (fine-tuning's best_model/ is written by process 0 only).
+    me = jax.process_index()
+    alone = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    with ocp.StandardCheckpointer(multiprocessing_options=alone) as ckptr:
         ckptr.save(os.path.join(tmp, PARAMS_NAME), params)
         ckptr.wait_until_finished()
     config.replace(scan_layers=False).to_json_file(os.path.join(tmp, CONFIG_NAME))
@@ -65,6 +70,4 @@ def load_model_dir(path: str) -> tuple[dict, BertConfig]:
 
 
 def _to_numpy(tree):
-    import jax
-
     return jax.tree_util.tree_map(np.asarray, tree)

@@ -235,23 +235,29 @@ def summarize(runs: list[dict], labeled: list[str], key: str) -> dict:
     return summary
 
 
-def _save_best(workdir, params, bert_config, vocab) -> bool:
-    """best_model/ as a model directory (process 0; single process only: with several, the
-    params are sharded across hosts and the best run's checkpoints/ stay the copy)."""
+def _save_best(workdir, params, bert_config, vocab) -> None:
+    """best_model/ as a model directory. Every process calls this: with several, the params
+    are sharded across hosts, so each process gathers the full tree (one host copy of the
+    params; fine-tuning sizes) and process 0 alone writes it, the others waiting at a
+    barrier until it is in place."""
+    from jax.experimental import multihost_utils
+
     from bert_jax.convert.model_dir import save_model_dir
 
     if jax.process_count() > 1:
-        logging.warning("best_model/ is not exported with %d processes; the best run's "
-                        "checkpoints/ hold its params", jax.process_count())
-        return False
-    # Written beside the previous best and swapped in, so a crash never loses both.
-    path = os.path.join(workdir, "best_model")
-    shutil.rmtree(path + ".new", ignore_errors=True)
-    host = jax.tree_util.tree_map(np.asarray, jax.device_get(params))
-    save_model_dir(path + ".new", host, bert_config, vocab)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(path + ".new", path)
-    return True
+        host = multihost_utils.process_allgather(params, tiled=True)
+    else:
+        host = jax.device_get(params)
+    if jax.process_index() == 0:
+        # Written beside the previous best and swapped in, so a crash never loses both.
+        path = os.path.join(workdir, "best_model")
+        shutil.rmtree(path + ".new", ignore_errors=True)
+        save_model_dir(path + ".new", jax.tree_util.tree_map(np.asarray, host), bert_config,
+                       vocab)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(path + ".new", path)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("bert_jax best_model written")
 
 
 def results_table(runs, main_set: str, key: str, best: Optional[int] = None) -> str:

@@ -8,8 +8,11 @@ import os
 import subprocess
 import sys
 
+import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
+from flax.traverse_util import flatten_dict
 
 from tests.tasks.conftest import REPO
 from tests.tasks.finetune_common import losses
@@ -89,7 +92,24 @@ def test_two_processes_match_one_device(tmp_path, reference_run):
     assert [r.get("run") for r in records] == [0, None] and records[1]["summary"]
     preds = (tmp_path / "run_0" / "dev_predictions-dev.tsv").read_text().splitlines()
     assert len(preds) == 201
-    assert not (tmp_path / "best_model").exists()  # sharded across hosts: not exported
+    # best_model/ holds the run's params, gathered from both hosts' shards: the final
+    # checkpoint's, leaf for leaf (stored unscanned).
+    from bert_jax.convert.model_dir import load_model_dir
+    from bert_jax.models.params import unstack_layers
+
+    best, best_config = load_model_dir(str(tmp_path / "best_model"))
+    state_dir = str(tmp_path / "run_0" / "checkpoints" / "4" / "state")
+    with ocp.PyTreeCheckpointer() as ckptr:  # saved sharded over 2 processes: as numpy
+        as_numpy = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray),
+                                          ckptr.metadata(state_dir).item_metadata.tree)
+        final = ckptr.restore(state_dir, args=ocp.args.PyTreeRestore(
+            restore_args=as_numpy))["params"]
+    if "layers" in final["bert"]["encoder"]:
+        final = unstack_layers(final, best_config.num_hidden_layers)
+    got, want = flatten_dict(best), flatten_dict(final)
+    assert sorted(got) == sorted(want) and len(want) > 10
+    for key in want:
+        np.testing.assert_array_equal(got[key], np.asarray(want[key]), err_msg="/".join(key))
     # Both processes saved their data position in the (kept) final checkpoint.
     data_dir = tmp_path / "run_0" / "checkpoints" / "4" / "data"
     assert sorted(p.name for p in data_dir.iterdir() if p.suffix == ".npz") == [
