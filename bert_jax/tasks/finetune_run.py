@@ -48,21 +48,53 @@ from bert_jax.train.state import TrainState
 
 # --- the pure steps ----------------------------------------------------------------------
 
-def train_step(state: TrainState, batch, rng, *, model, task, tx, schedule):
+def train_step(state: TrainState, batch, rng, *, model, task, tx, schedule,
+               accum_steps: int = 1, batch_sharding: Optional[NamedSharding] = None):
     """One optimizer update. batch: the task's features `<int32>[batch, ...]` plus
     example_weights `<float32>[batch]`; rng: the run's key (dropout of this step:
-    fold_in(rng, step)). A non-finite loss or gradient sets `train/nonfinite` = 1 and the
-    loop stops there: it reads the flags before it saves or evaluates, so the step needs no
-    select of old against new state (a full extra pass over params and both Adam moments;
-    see bert_jax/train/step.py). Returns (state, float32 scalars)."""
+    fold_in(rng, step), and fold_in(., i) for micro-batch i). A non-finite loss or gradient
+    sets `train/nonfinite` = 1 and the loop stops there: it reads the flags before it saves
+    or evaluates, so the step needs no select of old against new state (a full extra pass
+    over params and both Adam moments; see bert_jax/train/step.py).
+
+    With `accum_steps` > 1 the batch is split into micro-batches (rows i, i + accum, ...;
+    bert_jax.train.step.micro_batches) scanned inside this one step: each micro-batch's
+    gradient is that of the task's loss *sum*, and the summed gradient is divided by the
+    whole batch's count (examples, or labelled words for NER), so the update is the one
+    of the large batch's mean loss, not a mean of micro-batch means. Returns (state,
+    float32 scalars)."""
     step_rng = jax.random.fold_in(rng, state.step)
 
-    def loss_fn(params):
-        out = model.apply({"params": params}, *model_inputs(batch), deterministic=False,
-                          rngs={"dropout": step_rng})
-        return task.loss(out, batch)
+    def outputs(params, mb, key):
+        return model.apply({"params": params}, *model_inputs(mb), deterministic=False,
+                           rngs={"dropout": key})
 
-    (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    if accum_steps == 1:
+        def loss_fn(params):
+            return task.loss(outputs(params, batch, step_rng), batch)
+
+        (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    else:
+        from bert_jax.train.step import micro_batches
+
+        def sum_fn(params, mb, key):
+            _, m = task.loss(outputs(params, mb, key), mb)
+            return m["loss_sum"], m["count"]
+
+        def body(carry, xs):
+            i, mb = xs
+            (loss_sum, count), g = jax.value_and_grad(sum_fn, has_aux=True)(
+                state.params, mb, jax.random.fold_in(step_rng, i))
+            return jax.tree_util.tree_map(jnp.add, carry, (loss_sum, count, g)), None
+
+        zero = jnp.zeros((), jnp.float32)
+        init = (zero, zero, jax.tree_util.tree_map(jnp.zeros_like, state.params))
+        (loss_sum, count, grads), _ = jax.lax.scan(
+            body, init, (jnp.arange(accum_steps),
+                         micro_batches(batch, accum_steps, batch_sharding)))
+        count = jnp.maximum(count, 1e-5)
+        loss = loss_sum / count
+        grads = jax.tree_util.tree_map(lambda g: g / count, grads)
     grad_norm = optax.tree.norm(grads)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
@@ -113,10 +145,19 @@ class MeshSetup:
         rules = sharding_lib.rules_from_config(config.mesh)
         batch_sharding = data_device.batch_sharding(mesh, rules)
         shards = int(np.prod([mesh.shape[a] for a in data_device.batch_mesh_axes(mesh, rules)]))
-        for key in ("batch_size", "eval_batch_size"):
-            if int(config.train[key]) % shards:
-                raise ValueError(f"config.train.{key}={int(config.train[key])} is not divisible "
-                                 f"by the {shards} batch shards of mesh {dict(mesh.shape)}")
+        accum = int(config.train.accum_steps)
+        if accum < 1 or int(config.train.batch_size) % accum:
+            raise ValueError(f"config.train.batch_size={int(config.train.batch_size)} is not "
+                             f"divisible by config.train.accum_steps={accum}")
+        sizes = {"batch_size": int(config.train.batch_size) // accum,
+                 "eval_batch_size": int(config.train.eval_batch_size)}
+        for key, size in sizes.items():
+            if size % shards:
+                what = (f"config.train.{key}={size}" if key == "eval_batch_size" or accum == 1
+                        else f"the micro-batch size {size} (config.train.batch_size / "
+                             f"accum_steps={accum})")
+                raise ValueError(f"{what} is not divisible by the {shards} batch shards of "
+                                 f"mesh {dict(mesh.shape)}")
         if seq_len > bert_config.max_position_embeddings:
             raise ValueError(f"task.max_seq_length={seq_len} exceeds the model's "
                              f"max_position_embeddings={bert_config.max_position_embeddings}")
@@ -137,7 +178,9 @@ class MeshSetup:
                                                         self.seq_len, None)
         rep = self.replicated
         train = jax.jit(functools.partial(train_step, model=self.model, task=self.task, tx=tx,
-                                          schedule=schedule),
+                                          schedule=schedule,
+                                          accum_steps=int(config.train.accum_steps),
+                                          batch_sharding=self.batch_sharding),
                         in_shardings=(shardings, self.batch_sharding, rep),
                         out_shardings=(shardings, rep), donate_argnums=(0,))
         evaluate = jax.jit(functools.partial(eval_step, model=self.model, task=self.task),

@@ -6,7 +6,8 @@ configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` 
     task        kind: glue | squad | ner, plus that task's fields (see the configs)
     train       init_checkpoint (model dir, HF dir or pre-training workdir), random_init
                 (control run: same architecture, fresh weights), batch_size 32,
-                eval_batch_size, num_epochs 3, max_steps (-1: from epochs), num_restarts,
+                accum_steps (gradient accumulation: batch_size stays the batch of one update,
+                split into accum_steps micro-batches scanned in the step), eval_batch_size, num_epochs 3, max_steps (-1: from epochs), num_restarts,
                 seed, log_every, save_best_model
                 (workdir/best_model as a model directory), tensorboard (per-run events)
     optimizer   bert_jax.optim: adamw, b1 0.9, b2 0.999, eps 1e-6, weight_decay 0.01,
@@ -37,8 +38,8 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.task = ml_collections.ConfigDict()
     c.train = ml_collections.ConfigDict(dict(
-        init_checkpoint="", random_init=False, batch_size=32, eval_batch_size=64,
-        num_epochs=3.0, max_steps=-1, num_restarts=1, seed=0, log_every=10,
+        init_checkpoint="", random_init=False, batch_size=32, accum_steps=1,
+        eval_batch_size=64, num_epochs=3.0, max_steps=-1, num_restarts=1, seed=0, log_every=10,
         save_best_model=True, tensorboard=True))
     c.optimizer = ml_collections.ConfigDict(dict(
         name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))

@@ -62,7 +62,7 @@ def _loss(params, model, batch, rng, mlm_total, nsp_total, deterministic):
     return loss, sums
 
 
-def _micro_batches(batch, accum_steps: int, batch_sharding):
+def micro_batches(batch, accum_steps: int, batch_sharding):
     """[B, ...] -> [accum, B / accum, ...], micro-batch i = rows i, i + accum, ... so that
     each device's contiguous block of rows contributes equally to every micro-batch (no
     data movement between devices)."""
@@ -105,7 +105,7 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
         (loss, sums), grads = grad_fn(state.params, model, batch, step_rng, mlm_total,
                                       nsp_total, deterministic)
     else:
-        micro = _micro_batches(batch, accum_steps, batch_sharding)
+        micro = micro_batches(batch, accum_steps, batch_sharding)
 
         def body(carry, xs):
             i, mb = xs
