@@ -9,7 +9,8 @@ Three kinds of `path`:
     output, or a fine-tuning run's best_model/),
   * a Hugging Face directory (config.json + model.safetensors / pytorch_model.bin),
   * one of our pre-training workdirs (WORKDIR or WORKDIR/checkpoints, written by
-    launch/train.py): the latest step's params["bert"] and the run's `model` config
+    launch/train.py, or WORKDIR/checkpoints/<step> for a step other than the latest): the
+    latest (or that) step's params["bert"] and the run's `model` config
     (vocab: its data.vocab_file, if set). These are restored by orbax straight onto the
     fine-tuning mesh, each process reading only its shards (no host copy of the model).
 Google TF checkpoints: convert first (`python -m bert_jax.convert from-tf`).
@@ -44,13 +45,6 @@ class InitSource:
     shapes: Optional[dict[str, tuple]] = None
 
 
-def _run_dir(path: str) -> Optional[str]:
-    for cand in (path, os.path.dirname(path.rstrip("/"))):
-        if os.path.isdir(os.path.join(cand, "checkpoints")):
-            return cand
-    return None
-
-
 def open_init_checkpoint(path: str) -> InitSource:
     """Reads the config (and, for model / HF directories, the numpy params) of `path`."""
     from bert_jax.convert import model_dir
@@ -66,19 +60,22 @@ def open_init_checkpoint(path: str) -> InitSource:
 
         params, config, _, vocab = read_hf_dir(path)
         return InitSource(path, "hf", config, vocab, params=params)
-    run = _run_dir(path)
-    if run is not None:
-        return _open_workdir(path, run)
+    from bert_jax.train.checkpoint import locate
+
+    found = locate(path)
+    if found is not None:
+        return _open_workdir(path, *found)
     raise FileNotFoundError(
         f"train.init_checkpoint={path!r} is neither a model directory (bert_config.json + "
         "params/), a Hugging Face directory (config.json + weights), nor a pre-training "
-        "workdir (checkpoints/)")
+        "workdir (WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
 
 
-def _open_workdir(path: str, run: str) -> InitSource:
+def _open_workdir(path: str, run: str, step: Optional[int]) -> InitSource:
     import orbax.checkpoint as ocp
 
     from bert_jax.data.checkpointing import InputStateHandler
+    from bert_jax.train.checkpoint import pick_step
 
     directory = os.path.join(run, "checkpoints")
     # Handlers named up front: a fresh manager cannot read an item's metadata without them.
@@ -87,10 +84,8 @@ def _open_workdir(path: str, run: str) -> InitSource:
         item_handlers={"state": ocp.StandardCheckpointHandler(),
                        "config": ocp.JsonCheckpointHandler(), "data": InputStateHandler()})
     try:
-        step = manager.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"train.init_checkpoint={path}: no checkpoint in "
-                                    f"{directory}")
+        step = pick_step(directory, list(manager.all_steps()), step,
+                         f"train.init_checkpoint={path}")
         saved = manager.restore(step, args=ocp.args.Composite(
             config=ocp.args.JsonRestore()))["config"]
         meta = manager.item_metadata(step)["state"]
@@ -157,7 +152,7 @@ def load_encoder(source: InitSource, state, tx, shardings, abstract, scan_layers
     if source.kind == "workdir":
         from bert_jax.train import checkpoint as ckpt_lib
 
-        ckpt = ckpt_lib.Checkpointer(_run_dir(source.path), every=1)
+        ckpt = ckpt_lib.Checkpointer(ckpt_lib.locate(source.path)[0], every=1)
         try:
             bert = ckpt.restore_params({"bert": abstract.params["bert"]},
                                        step=source.step)["bert"]

@@ -123,5 +123,33 @@ class Checkpointer:
         self.manager.close()
 
 
+def locate(path: str) -> Optional[tuple[str, Optional[int]]]:
+    """A run's checkpoint named as WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>
+    -> (WORKDIR, step, None meaning the latest); None if `path` is none of these."""
+    path = os.path.abspath(os.path.expanduser(path)).rstrip("/")
+    parent, name = os.path.split(path)
+    if os.path.basename(parent) == "checkpoints" and name.isdigit() and os.path.isdir(parent):
+        return os.path.dirname(parent), int(name)
+    for cand in (path, parent):
+        if os.path.isdir(os.path.join(cand, "checkpoints")):
+            return cand, None
+    return None
+
+
+def pick_step(directory: str, steps: list[int], step: Optional[int], what: str) -> int:
+    """`step` (None: the latest) if it is among the saved `steps` (orbax's list, less any
+    step directory without a state/ item: an empty or foreign folder named like a step);
+    else a FileNotFoundError naming `what`, the directory and the steps there are."""
+    steps = [s for s in steps if os.path.isdir(os.path.join(directory, str(s), "state"))]
+    if step is None:
+        if not steps:
+            raise FileNotFoundError(f"{what}: no checkpoint in {directory}")
+        return max(steps)
+    if step not in steps:
+        raise FileNotFoundError(f"{what}: no checkpoint at step {step} in {directory}; "
+                                f"saved steps: {sorted(steps) or 'none'}")
+    return step
+
+
 def to_numpy(tree):
     return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))

@@ -4,8 +4,8 @@ Two sources:
   * a model directory (bert_jax.convert.model_dir: `bert_config.json` + `params/`), e.g. a
     converted Google or Hugging Face BERT: its subtrees ("bert", "mlm", "nsp", ...) replace
     ours where both exist; heads it lacks keep their fresh init;
-  * another run's WORKDIR (or its `checkpoints/`): with `train.init_state="params"` the
-    latest params only (fresh optimizer, step 0); with "full" also the optimizer state,
+  * another run's WORKDIR (or its `checkpoints/`, or `checkpoints/<step>` for a step other
+    than the latest): with `train.init_state="params"` the params only (fresh optimizer, step 0); with "full" also the optimizer state,
     step and RNG, so the schedule continues: phase 2 of the paper (length 512) after phase 1.
 Every shape is checked first; a mismatch names the parameter and both shapes.
 """
@@ -26,13 +26,6 @@ ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "intermediate_size", "type_vocab_size", "max_position_embeddings")
 
 
-def _run_dir(path: str):
-    for cand in (path, os.path.dirname(path.rstrip("/"))):
-        if os.path.isdir(os.path.join(cand, "checkpoints")):
-            return cand
-    return None
-
-
 def warm_start(config, state, rng, abstract, shardings, tx, rng_sharding):
     """Returns (state, rng) started from config.train.init_checkpoint."""
     path = os.path.abspath(os.path.expanduser(config.train.init_checkpoint))
@@ -44,21 +37,21 @@ def warm_start(config, state, rng, abstract, shardings, tx, rng_sharding):
             raise ValueError(f"config.train.init_state='full' needs a training workdir, but "
                              f"{path} is a model directory (params only)")
         return _from_model_dir(path, config, state, tx, shardings), rng
-    run = _run_dir(path)
-    if run is None:
+    found = ckpt_lib.locate(path)
+    if found is None:
         raise FileNotFoundError(
             f"config.train.init_checkpoint={path}: neither a model directory "
             f"({model_dir.CONFIG_NAME} + {model_dir.PARAMS_NAME}/) nor a training workdir "
-            f"(checkpoints/)")
+            f"(WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
+    run, step = found
     ckpt = ckpt_lib.Checkpointer(run, every=1)
     try:
-        if ckpt.latest_step() is None:
-            raise FileNotFoundError(f"config.train.init_checkpoint={path}: no checkpoint in "
-                                    f"{ckpt.directory}")
+        step = ckpt_lib.pick_step(ckpt.directory, ckpt.all_steps(), step,
+                                  f"config.train.init_checkpoint={path}")
         if mode == "full":
-            new_state, new_rng, _ = ckpt.restore(abstract, rng_sharding=rng_sharding)
+            new_state, new_rng, _ = ckpt.restore(abstract, step=step, rng_sharding=rng_sharding)
             return new_state, new_rng
-        params = ckpt.restore_params(abstract.params)
+        params = ckpt.restore_params(abstract.params, step=step)
     finally:
         ckpt.close()
     return state_lib.state_with_params(state, params, tx, shardings), rng

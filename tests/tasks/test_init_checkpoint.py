@@ -23,7 +23,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Sharding info not provided")
 @pytest.fixture(scope="module")
 def pretrain_workdir(tmp_path_factory, compile_cache):
     """2 steps of the pre-training loop (bert_jax.train.loop, as launch/train.py runs it) on
-    the tiny test model with BERT's 30,522-token vocabulary and scanned layers."""
+    the tiny test model with BERT's 30,522-token vocabulary and scanned layers, both steps
+    saved."""
     from bert_jax.train import loop
     from tests.train.common import memory_data, tiny_config
 
@@ -32,6 +33,7 @@ def pretrain_workdir(tmp_path_factory, compile_cache):
     config.model.vocab_size = 30522
     config.model.scan_layers = True
     config.train.tensorboard = False
+    config.checkpoint.every = 1  # steps 1 and 2 saved
     loop.train(config, str(workdir), make_train_data=memory_data,
                make_eval_data=lambda c, w: None)
     return workdir
@@ -112,6 +114,28 @@ def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
     moments = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(state.opt_state))
                if np.asarray(x).dtype == np.float32 and np.asarray(x).ndim > 0]
     assert moments and all(not m.any() for m in moments)
+
+
+def test_encoder_from_a_chosen_step(pretrain_workdir):
+    """WORKDIR/checkpoints/<step> loads that step's encoder, not the latest; a step that was
+    not saved is an error listing the saved ones."""
+    config = _config(pretrain_workdir / "checkpoints" / "1")
+    bert_config, source, _ = finetune.model_and_init(config)
+    assert (source.kind, source.step) == ("workdir", 1)
+    task = task_from_config(config, vocab_file=str(VOCAB))
+    setup = MeshSetup.from_config(config, task, bert_config, 32)
+    steps = setup.steps_for(config, 1e-3, 2)
+    state, _ = initial_state(setup, steps, 0, source)
+    got = flax.traverse_util.flatten_dict(jax.device_get(state.params["bert"]))
+    want, latest = _saved_bert(pretrain_workdir, 1), _saved_bert(pretrain_workdir, 2)
+    key = ("encoder", "layers", "intermediate", "kernel")
+    assert not np.array_equal(want[key], latest[key])
+    for k in want:
+        np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]),
+                                      err_msg="/".join(k))
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at step 5 in .*checkpoints; "
+                                                r"saved steps: \[1, 2\]"):
+        init_checkpoint.open_init_checkpoint(str(pretrain_workdir / "checkpoints" / "5"))
 
 
 def test_finetune_from_pretraining_workdir_end_to_end(pretrain_workdir, tmp_path):

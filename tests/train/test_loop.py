@@ -4,6 +4,7 @@ exact evaluation with the majority baseline, warm starts, and data errors before
 from __future__ import annotations
 
 import json
+import os
 
 import flax
 import jax
@@ -220,3 +221,42 @@ def test_warm_start_from_a_run_params_or_full_state(tiny, tmp_path):
                     jax.tree_util.tree_leaves(expected.params)):
         np.testing.assert_array_equal(a, b)
     assert all(not np.any(x) for x in jax.tree_util.tree_leaves(got.opt_state[1][0].mu))
+
+
+def test_warm_start_from_a_chosen_step(tiny, tmp_path):
+    """init_checkpoint=WORKDIR/checkpoints/<step> takes that step, not the latest; a step
+    that was not saved is an error listing the saved ones."""
+    import jax.numpy as jnp
+
+    from bert_jax.train import checkpoint as ckpt_lib
+
+    src = tiny["state"]
+    saver = ckpt_lib.Checkpointer(str(tmp_path / "phase1"), every=1)
+    saved = {}
+    for step, shift in ((7, 1.0), (9, 2.0)):
+        moved = src.replace(step=jnp.asarray(step, jnp.int32),
+                            params=jax.tree_util.tree_map(lambda x, s=shift: x + s, src.params))
+        saver.save(moved, jax.random.key(step), MemorySource(8), {}, force=True)
+        saved[step] = jax.tree_util.tree_map(np.asarray, jax.device_get(moved.params))
+    saver.wait()
+    saver.close()
+
+    config = tiny_config()
+    for path, want in (("phase1", 9), ("phase1/checkpoints", 9), ("phase1/checkpoints/7", 7)):
+        config.train.init_checkpoint = str(tmp_path / path)
+        for mode in ("full", "params"):
+            config.train.init_state = mode
+            state, _ = warm_start.warm_start(config, tiny["state"], jax.random.key(0),
+                                             tiny["abstract"], tiny["shardings"], tiny["tx"],
+                                             None)
+            got = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
+            assert int(got.step) == (want if mode == "full" else 0), (path, mode)
+            for a, b in zip(jax.tree_util.tree_leaves(got.params),
+                            jax.tree_util.tree_leaves(saved[want])):
+                np.testing.assert_array_equal(a, b, err_msg=f"{path} {mode}")
+    config.train.init_checkpoint = str(tmp_path / "phase1" / "checkpoints" / "8")
+    os.makedirs(config.train.init_checkpoint)  # a directory, but not a saved step
+    with pytest.raises(FileNotFoundError, match=r"no checkpoint at step 8 in .*phase1/"
+                                                r"checkpoints; saved steps: \[7, 9\]"):
+        warm_start.warm_start(config, tiny["state"], jax.random.key(0), tiny["abstract"],
+                              tiny["shardings"], tiny["tx"], None)
