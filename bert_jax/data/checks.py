@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-from typing import Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -20,7 +20,7 @@ import collections
 import math
 import queue
 import threading
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 import jax
 import numpy as np

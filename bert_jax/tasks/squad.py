@@ -8,7 +8,6 @@ squad_features.py, answer extraction in squad_postprocess.py, scoring in squad_m
 
 from __future__ import annotations
 
-import os
 from typing import Mapping
 
 import jax.numpy as jnp

@@ -1,7 +1,6 @@
 """Dynamic (RoBERTa) re-masking: invariants on hand-built batches and the 80/10/10 split."""
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from bert_jax.data import masking

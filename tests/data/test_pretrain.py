@@ -1,6 +1,5 @@
 """The tf.data pre-training pipeline: read-back, host sharding, exact resume, evaluation."""
 
-import json
 import os
 import subprocess
 import sys

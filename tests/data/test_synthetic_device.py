@@ -6,7 +6,7 @@ import sys
 
 import numpy as np
 
-from bert_jax.data import pretrain, synthetic
+from bert_jax.data import pretrain
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

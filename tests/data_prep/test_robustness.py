@@ -5,12 +5,9 @@ import os
 import subprocess
 import sys
 
-import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bert_jax.data.tokenization import load_tokenizer
 from tests.data_prep.helpers import REPO, SAMPLE, VOCAB, check_invariants, read_examples, run_tool
 
 CLS, SEP = 101, 102

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bert_jax.data.tokenization import VocabError, load_tokenizer
-from tests.data_prep.helpers import GOLDENS, REPO, SAMPLE, VOCAB
+from tests.data_prep.helpers import GOLDENS, SAMPLE, VOCAB
 
 CASED_VOCAB = str(GOLDENS / "cased_vocab_8k.txt")
 
