@@ -305,6 +305,7 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
     and config must already be validated (see create_pretraining_data.py)."""
     from tqdm import tqdm
 
+    fork = num_workers > 1 and sys.platform.startswith("linux") and _fork_safe()
     t0 = time.time()
     stats = Stats()
     total_bytes = sum(os.path.getsize(p) for p in input_paths)
@@ -323,11 +324,15 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
             # switches, which stall both sides on a busy machine.
             spool = tempfile.mkdtemp(prefix=".data_prep-",
                                      dir=os.path.dirname(os.path.abspath(output_paths[0])))
-            if sys.platform.startswith("linux"):
+            if fork:
                 # fork: workers inherit the loaded tokenizer (no re-import, no re-load).
                 _init_worker(spec)
                 pool = mp.get_context("fork").Pool(num_workers)
             else:
+                # A process that has loaded TensorFlow, JAX or torch (a notebook, a test
+                # session) cannot fork safely: a child can block for ever on a lock or a
+                # thread that only the parent has (seen: a tf.data iterator collected in a
+                # forked worker waited on its prefetch threads). Fresh interpreters.
                 pool = mp.get_context("spawn").Pool(num_workers, _init_worker, (spec,))
             results = _ordered_bounded(pool, chunks, 2 * num_workers, spool)
         done_bytes = 0
@@ -354,6 +359,15 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
             shutil.rmtree(spool, ignore_errors=True)
     stats.seconds = time.time() - t0
     return stats
+
+
+# Runtimes whose thread pools do not survive fork(): once one is loaded, workers are spawned.
+# (OpenBLAS's threads, which numpy starts at import, are fork-safe: it re-creates them.)
+_NOT_FORK_SAFE = ("tensorflow", "jaxlib", "torch")
+
+
+def _fork_safe() -> bool:
+    return not any(name in sys.modules for name in _NOT_FORK_SAFE)
 
 
 def _process_chunk_to_file(chunk_index: int, docs_path: str, spool: str):

@@ -86,7 +86,17 @@ def test_segments_are_corpus_text(sample_run, tok):
             assert find(np.concatenate([a, b])) >= 0
 
 
-def test_identical_bytes_whatever_num_workers(tmp_path):
+def test_identical_bytes_whatever_num_workers(tmp_path, monkeypatch):
+    # A process with TensorFlow loaded (as this test session), whose threads do not survive
+    # fork(): a forked worker once hung for ever on a tf.data iterator it inherited. The
+    # workers must be spawned here; the CLI, which loads none of them, forks.
+    import tensorflow  # noqa: F401
+
+    assert not pipeline._fork_safe()
+    methods = []
+    get_context = pipeline.mp.get_context
+    monkeypatch.setattr(pipeline.mp, "get_context",
+                        lambda method: methods.append(method) or get_context(method))
     outs = {}
     for w in (1, 2):
         out = tmp_path / f"w{w}.tfrecord"
@@ -94,6 +104,7 @@ def test_identical_bytes_whatever_num_workers(tmp_path):
         outs[w] = out.read_bytes()
         assert stats.instances > 4000
     assert outs[1] == outs[2]
+    assert methods == ["spawn"]
     # Another seed gives another file; the same seed again the same file.
     other = tmp_path / "seed.tfrecord"
     run_tool(SAMPLE, [other], num_workers=1, chunk_chars=60_000, dupe_factor=2, seed=7)
