@@ -174,6 +174,17 @@ def test_truncation_amounts_match_token_by_token_loop():
                 assert inst.truncation_amounts(la, lb, m) == (la - a, lb - b)
 
 
+_REAL_CHUNK_TO_FILE = pipeline._process_chunk_to_file
+
+
+def _chunk_to_file_failing_at_2(chunk_index, docs_path, spool):
+    """A pool worker's task that fails on chunk 2. Module-level: the spawned workers (this
+    test process has TensorFlow loaded, so the pool is not forked) import it by name."""
+    if chunk_index == 2:
+        raise RuntimeError("disk on fire")
+    return _REAL_CHUNK_TO_FILE(chunk_index, docs_path, spool)
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_failure_leaves_no_partial_output(tmp_path, monkeypatch, workers):
     """A failing chunk: the old file stays, no temp file or worker spool is left behind."""
@@ -188,7 +199,8 @@ def test_failure_leaves_no_partial_output(tmp_path, monkeypatch, workers):
             raise RuntimeError("disk on fire")
         return real(k, docs)
 
-    monkeypatch.setattr(pipeline, "process_chunk", flaky)  # forked workers see it too
+    monkeypatch.setattr(pipeline, "process_chunk", flaky)  # one worker: in this process
+    monkeypatch.setattr(pipeline, "_process_chunk_to_file", _chunk_to_file_failing_at_2)
     with pytest.raises(RuntimeError, match="disk on fire"):
         run_tool([SAMPLE[1]], [out], chunk_chars=50_000, num_workers=workers)
     if workers == 1:
