@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
@@ -61,34 +59,14 @@ def main():
              mask_positions=np.sort(g.choice(s, (b, preds)), axis=1).astype("int32"))
     y = g.integers(0, 30522, (b, preds)).astype("int32")
     w = np.ones((b, preds), "float32")
-    ours = None
-    if args.interleave:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from pretrain_step import base_stepper
-        ours = base_stepper(b, s)
-    times, ours_times = [], []
-    for i in range(args.warmup + args.steps):
-        t = time.perf_counter()
-        loss = float(model.train_on_batch(x, y, sample_weight=w))
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t)
-        if ours is not None:
-            time.sleep(0.3)
-            t = time.perf_counter()
-            ours_loss = ours()
-            if i >= args.warmup:
-                ours_times.append(time.perf_counter() - t)
-            time.sleep(0.3)
-    print(f"KerasHub {keras_hub.__version__} (Keras {keras.__version__}, JAX backend) "
-          f"BertMaskedLM, float32 AdamW, MLM only, batch {b} x {s}, {preds} predictions; "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"step time: median {statistics.median(times):.3f} s over {args.steps} steps "
-          f"(min {min(times):.3f}, max {max(times):.3f}); loss {loss:.4f}")
-    if ours is not None:
-        m = statistics.median(ours_times)
-        print(f"bert_jax configs/bert_base.py step (MLM + NSP), interleaved: median {m:.3f} s "
-              f"(min {min(ours_times):.3f}, max {max(ours_times):.3f}); loss {ours_loss:.4f}")
-        print(f"ratio bert_jax / KerasHub: {m / statistics.median(times):.3f}")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pretrain_step import run_anchor
+
+    run_anchor("KerasHub",
+               f"KerasHub {keras_hub.__version__} (Keras {keras.__version__}, JAX backend) "
+               f"BertMaskedLM, float32 AdamW, MLM only, batch {b} x {s}, {preds} "
+               f"predictions; load average {os.getloadavg()[0]:.2f}",
+               lambda: float(model.train_on_batch(x, y, sample_weight=w)), args)
 
 
 if __name__ == "__main__":

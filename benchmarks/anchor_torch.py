@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 
 def main():
@@ -50,38 +48,23 @@ def main():
     batch = dict(input_ids=ids, attention_mask=torch.ones(b, s, dtype=torch.long),
                  token_type_ids=torch.zeros(b, s, dtype=torch.long), labels=labels,
                  next_sentence_label=torch.randint(0, 2, (b,), generator=g))
-    ours = None
-    if args.interleave:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        from pretrain_step import base_stepper
-        ours = base_stepper(b, s)
-    times, ours_times = [], []
-    for i in range(args.warmup + args.steps):
-        t = time.perf_counter()
+
+    def step() -> float:
         opt.zero_grad(set_to_none=True)
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - t)
-        if ours is not None:
-            time.sleep(0.5)      # let torch's OpenMP threads stop spinning
-            t = time.perf_counter()
-            ours_loss = ours()
-            if i >= args.warmup:
-                ours_times.append(time.perf_counter() - t)
-            time.sleep(0.5)
-    print(f"HF PyTorch {torch.__version__} BertForPreTraining, float32 AdamW, MLM+NSP, batch "
-          f"{b} x {s}, {torch.get_num_threads()} threads; load average "
-          f"{os.getloadavg()[0]:.2f}")
-    print(f"step time: median {statistics.median(times):.3f} s over {args.steps} steps "
-          f"(min {min(times):.3f}, max {max(times):.3f}); loss {loss.item():.4f}")
-    if ours is not None:
-        m = statistics.median(ours_times)
-        print(f"bert_jax configs/bert_base.py step, interleaved: median {m:.3f} s (min "
-              f"{min(ours_times):.3f}, max {max(ours_times):.3f}); loss {ours_loss:.4f}")
-        print(f"ratio bert_jax / HF PyTorch: {m / statistics.median(times):.3f}")
+        return loss.item()
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pretrain_step import run_anchor
+
+    # 0.5 s pauses: torch's OpenMP threads stop spinning before our step starts.
+    run_anchor("HF PyTorch",
+               f"HF PyTorch {torch.__version__} BertForPreTraining, float32 AdamW, MLM+NSP, "
+               f"batch {b} x {s}, {torch.get_num_threads()} threads; load average "
+               f"{os.getloadavg()[0]:.2f}", step, args, pause=0.5)
 
 
 if __name__ == "__main__":

@@ -75,3 +75,36 @@ def base_stepper(batch: int, seq: int):
         holder["count"] += 1
         return float(jax.block_until_ready(m)["train/loss"])
     return run
+
+
+def run_anchor(name: str, label: str, their_step, args, *, pause: float = 0.3) -> None:
+    """Times `their_step()` (one step of another framework; returns its loss) for
+    args.warmup + args.steps steps and, with args.interleave, one bert_jax BERT-Base step
+    after each (base_stepper, `pause` seconds apart), then prints the medians and the
+    ratio. `name` is the other framework's short name, `label` describes its step."""
+    import statistics
+
+    ours = base_stepper(args.batch, args.seq) if args.interleave else None
+    times, ours_times = [], []
+    loss = ours_loss = float("nan")
+    for i in range(args.warmup + args.steps):
+        t = time.perf_counter()
+        loss = their_step()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - t)
+        if ours is not None:
+            time.sleep(pause)
+            t = time.perf_counter()
+            ours_loss = ours()
+            if i >= args.warmup:
+                ours_times.append(time.perf_counter() - t)
+            time.sleep(pause)
+    theirs = statistics.median(times)
+    print(label)
+    print(f"step time: median {theirs:.3f} s over {args.steps} steps (min {min(times):.3f}, "
+          f"max {max(times):.3f}); loss {loss:.4f}")
+    if ours is not None:
+        m = statistics.median(ours_times)
+        print(f"bert_jax configs/bert_base.py step (MLM + NSP), interleaved: median {m:.3f} s "
+              f"(min {min(ours_times):.3f}, max {max(ours_times):.3f}); loss {ours_loss:.4f}")
+        print(f"ratio bert_jax / {name}: {m / theirs:.3f}")
