@@ -15,7 +15,6 @@ Needs `keras-hub` (not a dependency of bert_jax: `pip install keras-hub`).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
@@ -23,14 +22,10 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--interleave", action="store_true",
-                   help="alternate with bert_jax's step on configs/bert_base.py")
-    args = p.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pretrain_step import anchor_args, run_anchor
+
+    args = anchor_args()
     if os.environ["KERAS_BACKEND"] != "jax":
         raise SystemExit(f"anchor_kerashub.py measures Keras on JAX; KERAS_BACKEND is "
                          f"{os.environ['KERAS_BACKEND']!r}")
@@ -59,9 +54,6 @@ def main():
              mask_positions=np.sort(g.choice(s, (b, preds)), axis=1).astype("int32"))
     y = g.integers(0, 30522, (b, preds)).astype("int32")
     w = np.ones((b, preds), "float32")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from pretrain_step import run_anchor
-
     run_anchor("KerasHub",
                f"KerasHub {keras_hub.__version__} (Keras {keras.__version__}, JAX backend) "
                f"BertMaskedLM, float32 AdamW, MLM only, batch {b} x {s}, {preds} "

@@ -15,20 +15,15 @@ extra installs a CPU torch).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--interleave", action="store_true",
-                   help="alternate with bert_jax's step on configs/bert_base.py")
-    args = p.parse_args()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pretrain_step import anchor_args, run_anchor
+
+    args = anchor_args()
     try:
         import torch
         from transformers import BertConfig, BertForPreTraining
@@ -56,9 +51,6 @@ def main():
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return loss.item()
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from pretrain_step import run_anchor
 
     # 0.5 s pauses: torch's OpenMP threads stop spinning before our step starts.
     run_anchor("HF PyTorch",

@@ -77,6 +77,20 @@ def base_stepper(batch: int, seq: int):
     return run
 
 
+def anchor_args():
+    """The anchors' command line: --batch, --seq, --steps, --warmup, --interleave."""
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--interleave", action="store_true",
+                   help="alternate with bert_jax's step on configs/bert_base.py")
+    return p.parse_args()
+
+
 def run_anchor(name: str, label: str, their_step, args, *, pause: float = 0.3) -> None:
     """Times `their_step()` (one step of another framework; returns its loss) for
     args.warmup + args.steps steps and, with args.interleave, one bert_jax BERT-Base step
