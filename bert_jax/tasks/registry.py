@@ -4,12 +4,13 @@ configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` 
 `config.task`. Sections:
 
     task        kind: glue | squad | ner, plus that task's fields (see the configs)
-    train       init_checkpoint (model dir, HF dir or pre-training workdir), random_init
-                (control run: same architecture, fresh weights), batch_size 32,
-                accum_steps (gradient accumulation: batch_size stays the batch of one update,
-                split into accum_steps micro-batches scanned in the step), eval_batch_size, num_epochs 3, max_steps (-1: from epochs), num_restarts,
-                seed, log_every, save_best_model
-                (workdir/best_model as a model directory), tensorboard (per-run events)
+    train       init_checkpoint (model dir, HF dir, pre-training workdir, or its
+                checkpoints/<step>), random_init (control run: same architecture, fresh
+                weights), batch_size 32, accum_steps (gradient accumulation: batch_size stays
+                the batch of one update, split into accum_steps micro-batches scanned in the
+                step), eval_batch_size, num_epochs 3, max_steps (-1: from epochs),
+                num_restarts, seed, log_every, save_best_model (workdir/best_model as a model
+                directory), tensorboard (per-run events)
     optimizer   bert_jax.optim: adamw, b1 0.9, b2 0.999, eps 1e-6, weight_decay 0.01,
                 clip_norm 1.0
     schedule    lr (peak), lr_grid (optional sweep, e.g. (5e-5, 3e-5, 2e-5)), warmup_ratio 0.1
