@@ -146,7 +146,10 @@ class MeshSetup:
         batch_sharding = data_device.batch_sharding(mesh, rules)
         shards = int(np.prod([mesh.shape[a] for a in data_device.batch_mesh_axes(mesh, rules)]))
         accum = int(config.train.accum_steps)
-        if accum < 1 or int(config.train.batch_size) % accum:
+        if accum < 1:
+            raise ValueError(f"config.train.accum_steps={accum}: expected a positive number "
+                             f"of micro-batches per step")
+        if int(config.train.batch_size) % accum:
             raise ValueError(f"config.train.batch_size={int(config.train.batch_size)} is not "
                              f"divisible by config.train.accum_steps={accum}")
         sizes = {"batch_size": int(config.train.batch_size) // accum,

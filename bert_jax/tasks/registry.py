@@ -40,8 +40,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.task = ml_collections.ConfigDict()
     c.train = ml_collections.ConfigDict(dict(
         init_checkpoint="", random_init=False, batch_size=32, accum_steps=1,
-        eval_batch_size=64, num_epochs=3.0, max_steps=-1, num_restarts=1, seed=0, log_every=10,
-        save_best_model=True, tensorboard=True))
+        eval_batch_size=64, num_epochs=3.0, max_steps=-1, num_restarts=1, seed=0,
+        log_every=10, save_best_model=True, tensorboard=True))
     c.optimizer = ml_collections.ConfigDict(dict(
         name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))
     c.schedule = ml_collections.ConfigDict(dict(

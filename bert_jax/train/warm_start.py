@@ -5,8 +5,9 @@ Two sources:
     converted Google or Hugging Face BERT: its subtrees ("bert", "mlm", "nsp", ...) replace
     ours where both exist; heads it lacks keep their fresh init;
   * another run's WORKDIR (or its `checkpoints/`, or `checkpoints/<step>` for a step other
-    than the latest): with `train.init_state="params"` the params only (fresh optimizer, step 0); with "full" also the optimizer state,
-    step and RNG, so the schedule continues: phase 2 of the paper (length 512) after phase 1.
+    than the latest): with `train.init_state="params"` the params only (fresh optimizer,
+    step 0); with "full" also the optimizer state, step and RNG, so the schedule
+    continues: phase 2 of the paper (length 512) after phase 1.
 Every shape is checked first; a mismatch names the parameter and both shapes.
 """
 

@@ -69,3 +69,6 @@ def test_accum_steps_must_divide_the_batch():
     with pytest.raises(ValueError, match=r"config.train.batch_size=16 is not divisible by "
                                          r"config.train.accum_steps=3"):
         MeshSetup.from_config(config, task, bert_config, 32)
+    config.train.accum_steps = 0
+    with pytest.raises(ValueError, match=r"config.train.accum_steps=0: expected a positive"):
+        MeshSetup.from_config(config, task, bert_config, 32)
