@@ -21,7 +21,8 @@ import time
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("checkpoint", None, "Model directory (bert_config.json + params/).",
+flags.DEFINE_string("checkpoint", None, "Model directory (bert_config.json + params/), or a "
+                    "pre-training WORKDIR[/checkpoints/<step>].",
                     required=True)
 flags.DEFINE_string("vocab_file", None, "WordPiece vocab.txt; default: CHECKPOINT/vocab.txt.")
 flags.DEFINE_bool("do_lower_case", True, "Lower-case the input (uncased models).")
@@ -46,20 +47,20 @@ def main(argv):
 def run():
     from bert_jax.convert import extract, model_dir
     from bert_jax.data.tokenization import load_tokenizer
-    from bert_jax.models.config import BertConfig
 
     start = time.time()
     # Everything cheap is checked before the parameters are read.
     extract.check_output(FLAGS.output_file, FLAGS.pooling)
-    if not model_dir.is_model_dir(FLAGS.checkpoint):
-        raise app.UsageError(
-            f"--checkpoint={FLAGS.checkpoint} is not a model directory (bert_config.json + "
-            f"params/); make one with `python -m bert_jax.convert from-tf|from-hf`")
-    config = BertConfig.from_json_file(os.path.join(FLAGS.checkpoint, model_dir.CONFIG_NAME))
+    try:
+        config, vocab_file, read_params = model_dir.open_model(FLAGS.checkpoint)
+    except FileNotFoundError as e:
+        raise app.UsageError(f"--checkpoint={FLAGS.checkpoint}: {e}; make a model directory "
+                             f"with `python -m bert_jax.convert from-tf|from-hf`") from None
     layers = extract.parse_layers(FLAGS.layers, config.num_hidden_layers)
-    vocab_file = FLAGS.vocab_file or os.path.join(FLAGS.checkpoint, model_dir.VOCAB_NAME)
-    if not os.path.isfile(vocab_file):
-        raise app.UsageError(f"{vocab_file} not found: pass --vocab_file")
+    vocab_file = FLAGS.vocab_file or vocab_file
+    if not vocab_file or not os.path.isfile(vocab_file):
+        raise app.UsageError(f"{vocab_file or 'the checkpoint has no vocab.txt'}: not found; "
+                             f"pass --vocab_file")
     tokenizer = load_tokenizer(vocab_file=vocab_file, do_lower_case=FLAGS.do_lower_case)
     extract.check_vocab(tokenizer, config, vocab_file, FLAGS.checkpoint)
     max_len = FLAGS.max_seq_length
@@ -69,7 +70,7 @@ def run():
         max_len = config.max_position_embeddings
     examples = extract.read_examples(FLAGS.input_file)
 
-    params, config = model_dir.load_model_dir(FLAGS.checkpoint)
+    params = read_params()
     extractor = extract.FeatureExtractor(params["bert"], config, layers, FLAGS.pooling)
     features, encoded = extract.extract(examples, tokenizer, extractor, max_len,
                                         FLAGS.batch_size)

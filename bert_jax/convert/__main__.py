@@ -5,13 +5,17 @@ directories, both ways, and a numerical check against a reference implementation
         --config=uncased_L-12_H-768_A-12/bert_config.json \
         --vocab_file=uncased_L-12_H-768_A-12/vocab.txt --output=models/bert_base
     python -m bert_jax.convert from-hf --input=hf/bert-base-uncased --output=models/bert_base
+    python -m bert_jax.convert from-workdir --workdir=/tmp/bert_tiny --output=models/tiny
     python -m bert_jax.convert to-hf --checkpoint=models/bert_base --output=hf/out
     python -m bert_jax.convert to-tf --checkpoint=models/bert_base --output=tf/out
     python -m bert_jax.convert verify --checkpoint=models/bert_base --reference=tf:tf/out
 
 A model directory (bert_config.json + params/ + vocab.txt) is what `train.init_checkpoint`
-and `launch/extract_features.py` take. Every command checks names and shapes against the
-config before reading tensors, writes to a temporary name and renames at the end.
+and `launch/extract_features.py` take. `from-workdir` makes one from a run of
+launch/train.py (its latest checkpoint, or WORKDIR/checkpoints/<step>): the encoder and the
+heads it trained, without the optimizer state. `to-hf`, `to-tf` and `verify` take either a
+model directory or such a run. Every command checks names and shapes against the config
+before reading tensors, writes to a temporary name and renames at the end.
 """
 
 from __future__ import annotations
@@ -81,12 +85,24 @@ def cmd_from_hf(a):
           f"{', with vocab.txt' if vocab else ', no vocab.txt (pass --vocab_file)'})")
 
 
+def cmd_from_workdir(a):
+    from bert_jax.convert import model_dir
+
+    _refuse_existing(a.output)
+    config, vocab, read = model_dir.open_model(a.workdir)
+    vocab = a.vocab_file or vocab
+    _vocab_check(vocab, config, f"the run's config ({a.workdir})")
+    params = read()
+    model_dir.save_model_dir(a.output, params, config, vocab_file=vocab)
+    print(f"wrote {a.output} ({_count(params)} parameters; heads: "
+          f"{', '.join(k for k in params if k != 'bert') or 'none'}"
+          f"{'; with vocab.txt' if vocab else '; no vocab.txt (pass --vocab_file)'})")
+
+
 def _load(checkpoint):
     from bert_jax.convert import model_dir
 
-    params, config = model_dir.load_model_dir(checkpoint)
-    vocab = os.path.join(checkpoint, model_dir.VOCAB_NAME)
-    return params, config, (vocab if os.path.isfile(vocab) else None)
+    return model_dir.load_model(checkpoint)
 
 
 def cmd_to_hf(a):
@@ -152,15 +168,23 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--output", required=True, help="model directory to create")
     s.set_defaults(fn=cmd_from_hf)
 
+    s = sub.add_parser("from-workdir", help="a run of launch/train.py -> model directory")
+    s.add_argument("--workdir", required=True,
+                   help="WORKDIR (its latest checkpoint) or WORKDIR/checkpoints/<step>")
+    s.add_argument("--vocab_file", help="vocab.txt (default: the run's data.vocab_file)")
+    s.add_argument("--output", required=True, help="model directory to create")
+    s.set_defaults(fn=cmd_from_workdir)
+
+    checkpoint_help = "model directory, or a run's WORKDIR[/checkpoints/<step>]"
     for name, fn, what in (("to-hf", cmd_to_hf, "Hugging Face directory"),
                            ("to-tf", cmd_to_tf, "TF1 checkpoint with the original names")):
-        s = sub.add_parser(name, help=f"model directory -> {what}")
-        s.add_argument("--checkpoint", required=True, help="model directory")
+        s = sub.add_parser(name, help=f"model directory (or run) -> {what}")
+        s.add_argument("--checkpoint", required=True, help=checkpoint_help)
         s.add_argument("--output", required=True, help="directory to create")
         s.set_defaults(fn=fn)
 
     s = sub.add_parser("verify", help="compare our outputs with a reference implementation")
-    s.add_argument("--checkpoint", required=True, help="model directory")
+    s.add_argument("--checkpoint", required=True, help=checkpoint_help)
     s.add_argument("--reference", required=True, help="hf:DIR or tf:CKPT")
     s.add_argument("--atol", type=float, default=1e-4, help="largest allowed difference")
     s.add_argument("--length", type=int, default=64, help="padded sample length")

@@ -135,10 +135,10 @@ def verify(checkpoint: str, reference: str, tokenizer=None, length: int = 64,
     kind, _, path = reference.partition(":")
     if kind not in ("hf", "tf") or not path:
         raise ValueError(f"--reference={reference!r}: expected hf:DIR or tf:CKPT")
-    params, config = model_dir.load_model_dir(checkpoint)
+    params, config, vocab = model_dir.load_model(checkpoint)
     heads = tuple(h for h in ("mlm", "nsp") if h in params)
     if tokenizer is None:
-        tokenizer = _tokenizer_for(checkpoint, path, config, do_lower_case)
+        tokenizer = _tokenizer_for(vocab, path, config, do_lower_case)
     batch = sample_batch(config, tokenizer, length)
     if kind == "hf":
         from bert_jax.convert.hf_files import _open_weights
@@ -161,14 +161,14 @@ def verify(checkpoint: str, reference: str, tokenizer=None, length: int = 64,
     return max_abs_diffs(ours, ref, batch["attention_mask"])
 
 
-def _tokenizer_for(checkpoint: str, reference_path: str, config: BertConfig,
+def _tokenizer_for(vocab_file: Optional[str], reference_path: str, config: BertConfig,
                    do_lower_case: bool) -> Optional[object]:
+    """The checkpoint's vocabulary, else the reference's vocab.txt, if its size fits."""
     from bert_jax.data.tokenization import load_tokenizer
 
     ref_dir = reference_path if os.path.isdir(reference_path) else os.path.dirname(reference_path)
-    for d in (checkpoint, ref_dir):
-        vocab = os.path.join(d, "vocab.txt")
-        if os.path.isfile(vocab):
+    for vocab in (vocab_file, os.path.join(ref_dir, "vocab.txt")):
+        if vocab and os.path.isfile(vocab):
             tok = load_tokenizer(vocab_file=vocab, do_lower_case=do_lower_case)
             if tok.vocab_size == config.vocab_size:
                 return tok

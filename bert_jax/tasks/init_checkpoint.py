@@ -62,49 +62,25 @@ def open_init_checkpoint(path: str) -> InitSource:
         return InitSource(path, "hf", config, vocab, params=params)
     from bert_jax.train.checkpoint import locate
 
-    found = locate(path)
-    if found is not None:
-        return _open_workdir(path, *found)
+    if locate(path) is not None:
+        return _open_workdir(path)
     raise FileNotFoundError(
         f"train.init_checkpoint={path!r} is neither a model directory (bert_config.json + "
         "params/), a Hugging Face directory (config.json + weights), nor a pre-training "
         "workdir (WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
 
 
-def _open_workdir(path: str, run: str, step: Optional[int]) -> InitSource:
-    import orbax.checkpoint as ocp
+def _open_workdir(path: str) -> InitSource:
+    from bert_jax.train.checkpoint import open_run
 
-    from bert_jax.data.checkpointing import InputStateHandler
-    from bert_jax.train.checkpoint import pick_step
-
-    directory = os.path.join(run, "checkpoints")
-    # Handlers named up front: a fresh manager cannot read an item's metadata without them.
-    manager = ocp.CheckpointManager(
-        directory, options=ocp.CheckpointManagerOptions(create=False),
-        item_handlers={"state": ocp.StandardCheckpointHandler(),
-                       "config": ocp.JsonCheckpointHandler(), "data": InputStateHandler()})
-    try:
-        step = pick_step(directory, list(manager.all_steps()), step,
-                         f"train.init_checkpoint={path}")
-        saved = manager.restore(step, args=ocp.args.Composite(
-            config=ocp.args.JsonRestore()))["config"]
-        meta = manager.item_metadata(step)["state"]
-    finally:
-        manager.close()
-    where = f"train.init_checkpoint={path} (step {step})"
-    if not isinstance(saved, dict) or "model" not in saved:
-        raise ValueError(f"{where}: the checkpoint's config has no 'model' section")
-    try:
-        bert = meta["params"]["bert"]
-    except (KeyError, TypeError):
-        raise ValueError(f"{where}: no params/bert (encoder) in the checkpoint") from None
+    run = open_run(path, f"train.init_checkpoint={path}")
     shapes = {"/".join(str(getattr(k, "key", k)) for k in kp): tuple(v.shape)
-              for kp, v in jax.tree_util.tree_flatten_with_path(bert)[0]}
-    vocab = (saved.get("data") or {}).get("vocab_file") or None
+              for kp, v in jax.tree_util.tree_flatten_with_path(run.params["bert"])[0]}
+    vocab = (run.config.get("data") or {}).get("vocab_file") or None
     if vocab and not os.path.isfile(vocab):
         vocab = None
-    return InitSource(path, "workdir", from_config_dict(saved["model"]), vocab, step=step,
-                      shapes=shapes)
+    return InitSource(path, "workdir", from_config_dict(run.config["model"]), vocab,
+                      step=run.step, shapes=shapes)
 
 
 def _flat_shapes(tree) -> dict[str, tuple]:

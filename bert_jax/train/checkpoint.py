@@ -22,6 +22,7 @@ repeat or be skipped within the current pass over the data). See
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Optional
 
@@ -29,7 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax.data.checkpointing import InputStateRestore, InputStateSave
+from bert_jax.data.checkpointing import InputStateHandler, InputStateRestore, InputStateSave
 from bert_jax.train.state import TrainState
 
 ITEMS = ("state", "data", "config")
@@ -149,6 +150,74 @@ def pick_step(directory: str, steps: list[int], step: Optional[int], what: str) 
         raise FileNotFoundError(f"{what}: no checkpoint at step {step} in {directory}; "
                                 f"saved steps: {sorted(steps) or 'none'}")
     return step
+
+
+@dataclasses.dataclass
+class SavedRun:
+    """One saved step of a training run, opened by `open_run` without reading any array.
+    config: the run's config as saved (a dict); params: orbax's metadata of the params
+    tree (shape and dtype of every leaf)."""
+
+    path: str
+    workdir: str
+    step: int
+    config: dict
+    params: Any
+
+    @property
+    def directory(self) -> str:
+        return os.path.join(self.workdir, "checkpoints")
+
+    def read_params(self) -> dict:
+        """The params of this step as host numpy arrays (no optimizer state is read)."""
+        item = {"params": jax.tree_util.tree_map(
+            lambda a: np.zeros((0,), a.dtype), self.params)}
+        args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
+        manager = _reader(self.directory)
+        try:
+            restored = manager.restore(self.step, args=ocp.args.Composite(
+                state=ocp.args.PyTreeRestore(item=item, restore_args=args,
+                                             partial_restore=True)))
+        finally:
+            manager.close()
+        return restored["state"]["params"]
+
+
+def _reader(directory: str) -> ocp.CheckpointManager:
+    # Handlers named up front: a fresh manager cannot read an item's metadata without them.
+    return ocp.CheckpointManager(
+        directory, options=ocp.CheckpointManagerOptions(create=False),
+        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
+                       "config": ocp.JsonCheckpointHandler(), "data": InputStateHandler()})
+
+
+def open_run(path: str, what: str) -> SavedRun:
+    """The run saved at `path` (WORKDIR, WORKDIR/checkpoints: the latest step;
+    WORKDIR/checkpoints/<step>: that step): its config and its params' shapes. Errors name
+    `what` (e.g. "train.init_checkpoint=...") and, for a missing step, the saved ones."""
+    found = locate(path)
+    if found is None:
+        raise FileNotFoundError(f"{what}: {path} is not a training run (WORKDIR, "
+                                f"WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
+    workdir, step = found
+    directory = os.path.join(workdir, "checkpoints")
+    manager = _reader(directory)
+    try:
+        step = pick_step(directory, list(manager.all_steps()), step, what)
+        config = manager.restore(step, args=ocp.args.Composite(
+            config=ocp.args.JsonRestore()))["config"]
+        meta = manager.item_metadata(step)["state"]
+    finally:
+        manager.close()
+    where = f"{what} (step {step})"
+    if not isinstance(config, dict) or "model" not in config:
+        raise ValueError(f"{where}: the checkpoint's config has no 'model' section")
+    try:
+        params = meta["params"]
+        params["bert"]
+    except (KeyError, TypeError):
+        raise ValueError(f"{where}: no params/bert (encoder) in the checkpoint") from None
+    return SavedRun(path, workdir, step, config, params)
 
 
 def to_numpy(tree):

@@ -34,6 +34,10 @@ def make_train_data(config, workdir: str):
     if config.data.source == "tfrecord" and not config.data.train_files:
         train, evals = build_sample_data(config, workdir)
         config.data.train_files, config.data.eval_files = train, evals
+        if not config.data.vocab_file:
+            # Recorded in the checkpoints' config, so that the run carries its vocabulary
+            # (`python -m bert_jax.convert from-workdir` copies it into the model directory).
+            config.data.vocab_file = SAMPLE_VOCAB
     data_vocab = pretrain.vocab_info(config.data)["vocab_size"]
     if data_vocab > config.model.vocab_size:
         raise ValueError(
