@@ -31,3 +31,25 @@ def test_model_configs(name, layers, hidden):
     assert isinstance(config, BertConfig)
     assert (config.num_hidden_layers, config.hidden_size) == (layers, hidden)
     assert config.intermediate_size == 4 * hidden  # the paper's FFN size
+
+
+def test_load_config_is_locked_with_dotted_overrides(tmp_path, monkeypatch):
+    """bert_jax.train.config.load_config: what `--config=FILE[:arg] --config.a.b=v` does on
+    the command line, for notebooks and Python callers."""
+    from bert_jax.train.config import load_config
+
+    monkeypatch.chdir(tmp_path)  # a path not under the working directory: the repository's
+    config = load_config("configs/glue.py:sst2", {"train.num_epochs": 1.5,
+                                                  "task.data_dir": "glue/SST-2"})
+    assert (config.task.name, config.train.num_epochs) == ("sst2", 1.5)
+    assert config.task.data_dir == "glue/SST-2"
+    assert load_config("configs/bert_base.py:phase2").data.max_seq_length == 512
+    with pytest.raises(ValueError, match=r"^configs/bert_tiny.py: no config key 'train.stepz' "
+                                         r"to override; Did you mean \"steps\""):
+        load_config("configs/bert_tiny.py", {"train.stepz": 3})
+    with pytest.raises(TypeError, match="steps"):
+        load_config("configs/bert_tiny.py", {"train.steps": "many"})
+    with pytest.raises((AttributeError, KeyError), match="locked"):
+        config.train.stepz = 3
+    with pytest.raises(FileNotFoundError, match="configs/nope.py"):
+        load_config("configs/nope.py")

@@ -10,10 +10,16 @@
     config.checkpoint  every, keep, keep_period, async_save
 
 configs/*.py build a ConfigDict from these plus `model` (bert_jax.models.config) and `data`
-(bert_jax.data); launch/train.py locks it, so `--config.train.stepz=1` is an error.
+(bert_jax.data); launch/train.py locks it, so `--config.train.stepz=1` is an error. From
+Python (a notebook), `load_config("configs/bert_tiny.py", {"train.steps": 100})` does the
+same: the file's get_config(arg), locked, with dotted overrides.
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Any, Mapping, Optional
 
 import ml_collections
 
@@ -90,6 +96,35 @@ def total_steps(config) -> int:
 # The paper's pre-training schedule: 1M steps, 90% at length 128, the last 10% at 512.
 PAPER_TOTAL_STEPS = 1_000_000
 PAPER_PHASE1_STEPS = 900_000
+
+
+def load_config(spec: str, overrides: Optional[Mapping[str, Any]] = None
+                ) -> ml_collections.ConfigDict:
+    """`spec` = "configs/<name>.py[:arg]" (relative to the working directory, else to this
+    repository) -> its get_config(arg), locked as launch/train.py locks it, with `overrides`
+    ({"train.steps": 100, ...}) applied. An unknown key is a ValueError naming the file and
+    the key (and the likely one meant), as `--config.<key>` is on the command line."""
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        if os.path.isfile(os.path.join(repo, path)):
+            path = os.path.join(repo, path)
+        else:
+            raise FileNotFoundError(f"config file {path} not found (nor under {repo})")
+    module_spec = importlib.util.spec_from_file_location(
+        "bert_jax_config_" + os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    config = module.get_config(arg) if arg else module.get_config()
+    config.lock()
+    for key, value in (overrides or {}).items():
+        try:
+            config.update_from_flattened_dict({key: value})
+        except (KeyError, AttributeError) as e:
+            hint = str(e.args[0] if e.args else e).strip("'\"").splitlines()[-1]
+            hint = f"; {hint}" if hint.startswith("Did you mean") else ""
+            raise ValueError(f"{spec}: no config key {key!r} to override{hint}") from None
+    return config
 
 
 def paper_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,
