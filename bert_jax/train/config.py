@@ -5,7 +5,8 @@
                        power, end_lr, total_steps (-1: train.steps; set it larger to decay
                        over two phases)
     config.train       steps, seed, accum_steps, log_every, eval_every, eval_steps,
-                       init_checkpoint, init_state, skip_nonfinite, deterministic
+                       init_checkpoint, init_state, skip_nonfinite, deterministic,
+                       tensorboard, profile_steps, profile_start
     config.mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules
     config.checkpoint  every, keep, keep_period, async_save
 
@@ -58,6 +59,11 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         skip_nonfinite=False,    # False: stop naming the step; True: skip that update
         deterministic=False,     # True: no dropout (tests, debugging)
         tensorboard=True,        # event files under WORKDIR/tensorboard (metrics.jsonl always)
+        # jax.profiler trace of `profile_steps` steps (0: none), starting `profile_start`
+        # steps after this (re)start, on process 0, into WORKDIR/profile: TensorBoard's
+        # profile tab or xprof.
+        profile_steps=0,
+        profile_start=5,
     ))
     c.update(overrides)
     return c

@@ -213,6 +213,9 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         return scalars
 
     bar = _progress(is_main, start, steps)
+    profiler = _Profiler(os.path.join(workdir, "profile"), start,
+                         int(config.train.get("profile_start", 0)),
+                         int(config.train.get("profile_steps", 0)), is_main)
     pending: list[dict] = []      # device metrics of the steps since the last log
     last_log_time, last_log_step = None, start
     compiled, eval_scalars, preempted = None, {}, False
@@ -228,8 +231,12 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                     t0 = time.perf_counter()
                     compiled = train_fn.lower(state, batch, rng).compile()
                     _info(is_main, f"compiled the train step in {time.perf_counter() - t0:.1f}s")
-                state, step_metrics = compiled(state, batch, rng)
+                profiler.before(step)
+                # Step markers for the profile viewer (no cost when no trace is running).
+                with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                    state, step_metrics = compiled(state, batch, rng)
                 step += 1
+                profiler.after(step, state)
                 pending.append(step_metrics)
                 unchecked.append((step, step_metrics))
                 check_finite(lag=1)
@@ -268,6 +275,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
             # eval_every > 0: periodic and final; 0: final only; < 0: never.
             eval_scalars = run_eval(steps) if eval_every >= 0 else {}
     finally:
+        profiler.close()
         train_data.close()
         checkpointer.wait()
         checkpointer.close()
@@ -280,6 +288,33 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     if is_main:
         _print_summary(summary, workdir)
     return summary
+
+
+class _Profiler:
+    """A jax.profiler trace of steps first+1 .. first+count (first = the start step +
+    `skip`), on process 0 only (each process would trace only its own devices)."""
+
+    def __init__(self, directory: str, start: int, skip: int, count: int, is_main: bool):
+        self.directory, self.active = directory, False
+        self.first = start + max(skip, 0) if count > 0 and is_main else None
+        self.last = None if self.first is None else self.first + count
+
+    def before(self, step: int) -> None:
+        if step == self.first:
+            jax.profiler.start_trace(self.directory)
+            self.active = True
+
+    def after(self, step: int, state) -> None:
+        if self.active and step == self.last:
+            jax.block_until_ready(state)  # the traced steps' device work, not only dispatch
+            self.close()
+            _info(True, f"profile of steps {self.first + 1}..{self.last} in {self.directory} "
+                        f"(TensorBoard's profile tab, or xprof)")
+
+    def close(self) -> None:
+        if self.active:
+            self.active = False
+            jax.profiler.stop_trace()
 
 
 def _check_finite(metrics: dict, step: int, config) -> int:

@@ -260,3 +260,20 @@ def test_warm_start_from_a_chosen_step(tiny, tmp_path):
                                                 r"checkpoints; saved steps: \[7, 9\]"):
         warm_start.warm_start(config, tiny["state"], jax.random.key(0), tiny["abstract"],
                               tiny["shardings"], tiny["tx"], None)
+
+
+def test_profile_traces_the_configured_steps(tmp_path, capsys):
+    """train.profile_steps=2, profile_start=1: one jax.profiler trace under WORKDIR/profile
+    whose step markers are exactly steps 2 and 3 (the run goes on to step 4 untraced)."""
+    config = tiny_config(steps=4)
+    config.train.tensorboard = False
+    config.train.profile_start, config.train.profile_steps = 1, 2
+    loop.train(config, str(tmp_path), make_train_data=lambda c, w: MemorySource(8),
+               make_eval_data=lambda c, w: None)
+    traces = list((tmp_path / "profile").glob("plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1, traces
+    data = jax.profiler.ProfileData.from_file(str(traces[0]))
+    steps = sorted(int(dict(e.stats)["step_num"]) for plane in data.planes
+                   for line in plane.lines for e in line.events if e.name == "train")
+    assert steps == [2, 3]
+    assert "profile of steps 2..3 in" in capsys.readouterr().out
