@@ -49,6 +49,11 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.source = "tfrecord"        # "tfrecord" | "synthetic"
     c.train_files = ""           # comma-separated globs (gs:// works)
     c.eval_files = ""            # comma-separated globs; empty: no evaluation
+    # With no train_files: raw text (a sentence per line, a blank line between documents),
+    # comma-separated globs, made into TFRecords once in the workdir by launch/train.py
+    # (bert_jax.train.data; 1 document in 20 held out for eval). Empty: the sample corpus.
+    c.text_files = ""
+    c.do_lower_case = True       # for text_files: uncased vocabularies
     c.max_seq_length = 128
     c.max_predictions_per_seq = 20
     c.batch_size = 256           # GLOBAL batch; each host gets batch_size / process_count

@@ -5,15 +5,21 @@ make_train_data(config, workdir) -> host iterator (numpy batches, get_state / se
 checked against the config before anything compiles; make_eval_data(config, workdir) -> a
 fresh iterable of host eval batches, or None without eval files.
 
-With `data.source="tfrecord"` and no `data.train_files`, TFRecords are built once from the
-sample corpus shipped in data_prep/sample_corpus (by data_prep/create_pretraining_data.py,
-with the config's lengths) and cached in WORKDIR/sample_data; every 20th document is held
-out for evaluation.
+With `data.source="tfrecord"` and no `data.train_files`, TFRecords are built once from raw
+text by data_prep/create_pretraining_data.py with the config's lengths: from
+`data.text_files` (your own text, in the original input format: one sentence per line, a
+blank line between documents) or else from the sample corpus in data_prep/sample_corpus (the
+quick start). Every 20th document is held out for evaluation. The files are cached in the
+workdir (WORKDIR/sample_data/len<L>_pred<P>, or WORKDIR/text_data/len<L>_pred<P>_<hash> with
+a hash of the text files' paths, sizes and times, the vocabulary and the casing) and reused
+by a restart. Fine for a corpus of up to a few hundred MB; for more, run data_prep yourself
+and set `data.train_files`.
 """
 
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import subprocess
 import sys
@@ -32,12 +38,11 @@ def make_train_data(config, workdir: str):
     from bert_jax.data import pretrain
 
     if config.data.source == "tfrecord" and not config.data.train_files:
-        train, evals = build_sample_data(config, workdir)
+        # Recorded in the checkpoints' config, so that the run carries its vocabulary
+        # (`python -m bert_jax.convert from-workdir` copies it into the model directory).
+        config.data.vocab_file = config.data.vocab_file or SAMPLE_VOCAB
+        train, evals = build_text_data(config, workdir)
         config.data.train_files, config.data.eval_files = train, evals
-        if not config.data.vocab_file:
-            # Recorded in the checkpoints' config, so that the run carries its vocabulary
-            # (`python -m bert_jax.convert from-workdir` copies it into the model directory).
-            config.data.vocab_file = SAMPLE_VOCAB
     data_vocab = pretrain.vocab_info(config.data)["vocab_size"]
     if data_vocab > config.model.vocab_size:
         raise ValueError(
@@ -80,42 +85,69 @@ def _split_documents(paths, out_train: str, out_eval: str) -> tuple[int, int]:
     return len(train), len(held)
 
 
-def build_sample_data(config, workdir: str) -> tuple[str, str]:
-    """(train glob, eval glob) of TFRecords made from the sample corpus for the config's
-    lengths; built by process 0 once and reused (the directory name holds the lengths)."""
+def _text_corpus(spec: str) -> list[str]:
+    files: list[str] = []
+    for pattern in (p.strip() for p in spec.split(",") if p.strip()):
+        found = sorted(glob.glob(os.path.expanduser(pattern)))
+        if not found:
+            raise FileNotFoundError(f"config.data.text_files: no file matches {pattern!r}")
+        files += [os.path.abspath(f) for f in found if os.path.isfile(f)]
+    return sorted(set(files))
+
+
+def build_text_data(config, workdir: str) -> tuple[str, str]:
+    """(train glob, eval glob or "") of TFRecords made from `data.text_files` (else the
+    sample corpus) for the config's lengths and vocabulary; built by process 0 once and
+    reused."""
     seq, pred = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
-    out = os.path.join(os.path.abspath(workdir), "sample_data", f"len{seq}_pred{pred}")
-    train_glob, eval_glob = os.path.join(out, "train-*.tfrecord"), os.path.join(out, "eval.tfrecord")
-    done = os.path.join(out, "DONE")
-    if jax.process_index() == 0 and not os.path.exists(done):
+    vocab, lower = config.data.vocab_file, bool(config.data.get("do_lower_case", True))
+    spec = config.data.get("text_files", "")
+    if spec:
+        corpus = _text_corpus(spec)
+        what = f"data.text_files ({len(corpus)} files)"
+        key = hashlib.sha1(repr([(f, os.path.getsize(f), os.path.getmtime(f)) for f in corpus]
+                                + [os.path.abspath(vocab), lower]).encode()).hexdigest()[:12]
+        out = os.path.join(os.path.abspath(workdir), "text_data", f"len{seq}_pred{pred}_{key}")
+    else:
         corpus = sorted(glob.glob(os.path.join(SAMPLE_CORPUS, "*.txt")))
         if not corpus:
             raise FileNotFoundError(f"no sample corpus under {SAMPLE_CORPUS}; set "
-                                    f"--config.data.train_files")
+                                    f"--config.data.train_files or data.text_files")
+        what = "the sample corpus"
+        out = os.path.join(os.path.abspath(workdir), "sample_data", f"len{seq}_pred{pred}")
+    train_glob = os.path.join(out, "train-*.tfrecord")
+    eval_file = os.path.join(out, "eval.tfrecord")
+    done = os.path.join(out, "DONE")
+    if jax.process_index() == 0 and not os.path.exists(done):
         os.makedirs(out, exist_ok=True)
         text_train, text_eval = os.path.join(out, "train.txt"), os.path.join(out, "eval.txt")
         n_train, n_eval = _split_documents(corpus, text_train, text_eval)
-        print(f"no data.train_files: building TFRecords from the sample corpus "
-              f"({n_train} train / {n_eval} held-out documents) into {out}", flush=True)
-        outputs = (("train", text_train, os.path.join(out, "train-{shard:03d}.tfrecord"),
-                    SAMPLE_SHARDS), ("eval", text_eval, eval_glob, 1))
+        if not n_train:
+            raise ValueError(f"{what}: no documents in {corpus[:3]} ...")
+        print(f"no data.train_files: building TFRecords from {what} ({n_train} train / "
+              f"{n_eval} held-out documents) into {out}", flush=True)
+        vocab_flag = (f"--spm_model_file={vocab}" if vocab.endswith(".model")
+                      else f"--vocab_file={vocab}")
+        outputs = [("train", text_train, os.path.join(out, "train-{shard:03d}.tfrecord"),
+                    SAMPLE_SHARDS)] + ([("eval", text_eval, eval_file, 1)] if n_eval else [])
         for name, text, output, shards in outputs:
             cmd = [sys.executable, os.path.join(REPO, "data_prep", "create_pretraining_data.py"),
                    f"--input_file={text}", f"--output_file={output}",
-                   f"--num_output_shards={shards}", f"--vocab_file={SAMPLE_VOCAB}",
-                   "--do_lower_case", f"--max_seq_length={seq}",
+                   f"--num_output_shards={shards}", vocab_flag,
+                   "--do_lower_case" if lower else "--nodo_lower_case",
+                   f"--max_seq_length={seq}",
                    f"--max_predictions_per_seq={pred}", "--masked_lm_prob=0.15",
                    f"--dupe_factor={SAMPLE_DUPE_FACTOR}",
                    f"--random_seed={12345 if name == 'train' else 54321}",
-                   "--num_workers=2"]
+                   "--num_workers=2", "--noprogress"]
             result = subprocess.run(cmd, capture_output=True, text=True)
             if result.returncode:
-                raise RuntimeError(f"building the sample data failed ({' '.join(cmd)}):\n"
-                                   f"{result.stderr[-4000:]}")
+                raise RuntimeError(f"building TFRecords from {what} failed "
+                                   f"({' '.join(cmd)}):\n{result.stderr[-4000:]}")
         with open(done, "w") as f:
             f.write("ok\n")
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
-        multihost_utils.sync_global_devices("sample_data")
-    return train_glob, eval_glob
+        multihost_utils.sync_global_devices("text_data")
+    return train_glob, (eval_file if os.path.exists(eval_file) else "")

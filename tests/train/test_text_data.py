@@ -1,0 +1,98 @@
+"""`data.text_files`: pre-training straight from raw text. launch/train.py makes TFRecords of
+it once (data_prep/create_pretraining_data.py, the config's lengths and vocabulary, 1
+document in 20 held out), caches them in the workdir under a hash of the inputs, and trains
+on them; the quick start is the same path with the sample corpus."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.train import data as data_lib
+from tests.conftest import REPO
+from tests.train.common import tiny_config
+
+SONNETS_AND_SCENES = REPO / "data_prep" / "sample_corpus" / "shakespeare.txt"
+
+
+def _documents(n: int) -> list[str]:
+    docs = SONNETS_AND_SCENES.read_text(encoding="utf-8").split("\n\n")
+    return [d.strip("\n") for d in docs if d.strip()][:n]
+
+
+def _config(text_files: str):
+    config = tiny_config()
+    config.model.vocab_size = 30522
+    config.data.source = "tfrecord"
+    config.data.text_files = text_files
+    return config
+
+
+def _files(directory) -> dict[str, int]:
+    return {p.name: p.stat().st_mtime_ns for p in directory.iterdir()}
+
+
+def test_text_files_become_tfrecords_once(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    docs = _documents(45)
+    (corpus / "a.txt").write_text("\n\n".join(docs[:30]) + "\n", encoding="utf-8")
+    (corpus / "b.txt").write_text("\n\n".join(docs[30:]) + "\n", encoding="utf-8")
+    config = _config(f"{corpus}/a.txt, {corpus}/b*.txt")
+    source = data_lib.make_train_data(config, str(tmp_path / "run"))
+    built = next((tmp_path / "run" / "text_data").iterdir())
+    assert built.name.startswith("len16_pred4_")
+    assert config.data.train_files == str(built / "train-*.tfrecord")
+    assert config.data.eval_files == str(built / "eval.tfrecord")  # 2 of 45 held out
+    assert config.data.vocab_file == data_lib.SAMPLE_VOCAB
+    assert sorted(p.name for p in built.glob("*.tfrecord")) == [
+        "eval.tfrecord", "train-000.tfrecord", "train-001.tfrecord", "train-002.tfrecord",
+        "train-003.tfrecord"]
+
+    # The masked-out tokens (the labels) are pieces of this corpus, in its casing.
+    tok = load_tokenizer(vocab_file=data_lib.SAMPLE_VOCAB, do_lower_case=True)
+    corpus_ids = set(tok.encode(" ".join(docs)))
+    batch = next(source)
+    assert batch["input_ids"].shape == (8, 16)
+    labels = batch["masked_lm_ids"][batch["masked_lm_weights"] > 0]
+    assert labels.size and set(labels.tolist()) <= corpus_ids
+
+    # A restart reuses the files; a changed corpus gets its own directory.
+    before = _files(built)
+    data_lib.make_train_data(_config(f"{corpus}/a.txt, {corpus}/b*.txt"),
+                             str(tmp_path / "run"))
+    assert _files(built) == before
+    with open(corpus / "b.txt", "a", encoding="utf-8") as f:
+        f.write("\nOne more line.\n")
+    os.utime(corpus / "b.txt", ns=(1, 1))
+    data_lib.make_train_data(_config(f"{corpus}/*.txt"), str(tmp_path / "run"))
+    assert len(list((tmp_path / "run" / "text_data").iterdir())) == 2
+
+
+def test_too_few_documents_for_a_held_out_set_and_bad_globs(tmp_path):
+    (tmp_path / "small.txt").write_text("\n\n".join(_documents(12)) + "\n", encoding="utf-8")
+    config = _config(str(tmp_path / "small.txt"))
+    data_lib.make_train_data(config, str(tmp_path / "run"))
+    assert config.data.eval_files == ""  # < 20 documents: none held out, no evaluation
+    with pytest.raises(FileNotFoundError, match=r"data.text_files: no file matches "
+                                                r"'.*/nothing\*.txt'"):
+        data_lib.make_train_data(_config(f"{tmp_path}/small.txt,{tmp_path}/nothing*.txt"),
+                                 str(tmp_path / "run"))
+
+
+def test_the_run_trains_and_records_its_vocabulary(tmp_path):
+    """Through the loop: the saved config names the text's TFRecords and the vocabulary, so
+    `convert from-workdir` can carry it."""
+    from bert_jax.convert import model_dir
+    from bert_jax.train import loop
+
+    (tmp_path / "t.txt").write_text("\n\n".join(_documents(25)) + "\n", encoding="utf-8")
+    config = _config(str(tmp_path / "t.txt"))
+    config.train.steps, config.train.tensorboard, config.train.eval_every = 2, False, 0
+    summary = loop.train(config, str(tmp_path / "run"))
+    assert summary["step"] == 2 and np.isfinite(summary["eval/loss"])
+    _, _, vocab = model_dir.load_model(str(tmp_path / "run"))
+    assert vocab == data_lib.SAMPLE_VOCAB
