@@ -21,6 +21,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bert_jax import paths
 from bert_jax.models.config import BertConfig, from_config_dict
 from bert_jax.models.params import unstack_layers
 
@@ -30,7 +31,7 @@ VOCAB_NAME = "vocab.txt"
 
 
 def is_model_dir(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, CONFIG_NAME)) and os.path.isdir(
+    return paths.is_file(os.path.join(path, CONFIG_NAME)) and paths.is_dir(
         os.path.join(path, PARAMS_NAME))
 
 
@@ -67,7 +68,7 @@ def load_model_dir(path: str) -> tuple[dict, BertConfig]:
             f"{path} is not a model directory: expected {CONFIG_NAME} and {PARAMS_NAME}/ in it")
     config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
     with ocp.StandardCheckpointer() as ckptr:
-        params = ckptr.restore(os.path.abspath(os.path.join(path, PARAMS_NAME)))
+        params = ckptr.restore(paths.join(path, PARAMS_NAME))
     return _to_numpy(params), config
 
 
@@ -79,11 +80,11 @@ def open_model(path: str) -> tuple[BertConfig, Optional[str], Callable[[], dict]
     For a run: the latest saved step (or WORKDIR/checkpoints/<step>), every trained head
     with the encoder (no optimizer state), the run's `model` config, and its
     `data.vocab_file` if that file still exists."""
-    path = os.path.abspath(os.path.expanduser(path))
+    path = paths.resolve(path)
     if is_model_dir(path):
         vocab = os.path.join(path, VOCAB_NAME)
         config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
-        return config, (vocab if os.path.isfile(vocab) else None), \
+        return config, (vocab if paths.is_file(vocab) else None), \
             lambda: load_model_dir(path)[0]
     from bert_jax.train.checkpoint import locate, open_run
 
@@ -101,7 +102,7 @@ def open_model(path: str) -> tuple[BertConfig, Optional[str], Callable[[], dict]
                 else params)
 
     return (config.replace(scan_layers=False),
-            vocab if vocab and os.path.isfile(vocab) else None, read)
+            vocab if vocab and paths.is_file(vocab) else None, read)
 
 
 def load_model(path: str) -> tuple[dict, BertConfig, Optional[str]]:

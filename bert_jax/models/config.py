@@ -8,6 +8,7 @@ import os
 from typing import Any, Iterable, Mapping
 
 import jax.numpy as jnp
+from etils import epath
 
 # Keys of Google's original bert_config.json, in the order the original tool writes them.
 ORIGINAL_KEYS = (
@@ -135,7 +136,7 @@ class BertConfig:
     @classmethod
     def from_json_file(cls, path: str | os.PathLike, *, ignore: Iterable[str] = ()) -> "BertConfig":
         try:
-            with open(path, encoding="utf-8") as f:
+            with epath.Path(path).open("r", encoding="utf-8") as f:  # local or gs://
                 d = json.load(f)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: not valid JSON ({e})") from e

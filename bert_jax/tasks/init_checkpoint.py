@@ -47,9 +47,10 @@ class InitSource:
 
 def open_init_checkpoint(path: str) -> InitSource:
     """Reads the config (and, for model / HF directories, the numpy params) of `path`."""
+    from bert_jax import paths
     from bert_jax.convert import model_dir
 
-    path = os.path.abspath(os.path.expanduser(path))
+    path = paths.resolve(path)
     if model_dir.is_model_dir(path):
         params, config = model_dir.load_model_dir(path)
         vocab = os.path.join(path, model_dir.VOCAB_NAME)

@@ -30,6 +30,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from bert_jax import paths
 from bert_jax.data.checkpointing import InputStateHandler, InputStateRestore, InputStateSave
 from bert_jax.train.state import TrainState
 
@@ -45,7 +46,7 @@ class Checkpointer:
 
     def __init__(self, workdir: str, *, every: int, keep: int = 3, keep_period: int = 0,
                  async_save: bool = True):
-        self.directory = os.path.abspath(os.path.join(workdir, "checkpoints"))
+        self.directory = paths.join(workdir, "checkpoints")  # gs://... stays a URI
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=max(int(every), 1),
             max_to_keep=int(keep) if keep and keep > 0 else None,
@@ -127,12 +128,12 @@ class Checkpointer:
 def locate(path: str) -> Optional[tuple[str, Optional[int]]]:
     """A run's checkpoint named as WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>
     -> (WORKDIR, step, None meaning the latest); None if `path` is none of these."""
-    path = os.path.abspath(os.path.expanduser(path)).rstrip("/")
+    path = paths.resolve(path)
     parent, name = os.path.split(path)
-    if os.path.basename(parent) == "checkpoints" and name.isdigit() and os.path.isdir(parent):
+    if os.path.basename(parent) == "checkpoints" and name.isdigit() and paths.is_dir(parent):
         return os.path.dirname(parent), int(name)
     for cand in (path, parent):
-        if os.path.isdir(os.path.join(cand, "checkpoints")):
+        if paths.is_dir(os.path.join(cand, "checkpoints")):
             return cand, None
     return None
 
@@ -141,7 +142,7 @@ def pick_step(directory: str, steps: list[int], step: Optional[int], what: str) 
     """`step` (None: the latest) if it is among the saved `steps` (orbax's list, less any
     step directory without a state/ item: an empty or foreign folder named like a step);
     else a FileNotFoundError naming `what`, the directory and the steps there are."""
-    steps = [s for s in steps if os.path.isdir(os.path.join(directory, str(s), "state"))]
+    steps = [s for s in steps if paths.is_dir(os.path.join(directory, str(s), "state"))]
     if step is None:
         if not steps:
             raise FileNotFoundError(f"{what}: no checkpoint in {directory}")

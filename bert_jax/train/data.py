@@ -99,6 +99,12 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
     """(train glob, eval glob or "") of TFRecords made from `data.text_files` (else the
     sample corpus) for the config's lengths and vocabulary; built by process 0 once and
     reused."""
+    if "://" in str(workdir):
+        raise ValueError(
+            f"--workdir={workdir}: TFRecords from data.text_files or the sample corpus are "
+            f"built in a local workdir; with a bucket workdir, build them with "
+            f"data_prep/create_pretraining_data.py and set data.train_files (and "
+            f"data.eval_files)")
     seq, pred = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     vocab, lower = config.data.vocab_file, bool(config.data.get("do_lower_case", True))
     spec = config.data.get("text_files", "")

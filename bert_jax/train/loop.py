@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Optional
 import jax
 import numpy as np
 
-from bert_jax import optim
+from bert_jax import optim, paths
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import device as data_device
 from bert_jax.train import checkpoint as ckpt_lib
@@ -99,7 +99,8 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     make_train_data = make_train_data or data_lib.make_train_data
     make_eval_data = make_eval_data or data_lib.make_eval_data
     is_main = jax.process_index() == 0
-    os.makedirs(workdir, exist_ok=True)
+    workdir = paths.resolve(workdir)  # a local path, or a URI such as gs://bucket/run
+    paths.makedirs(workdir)
 
     # --- everything that can fail cheaply fails before any compile -------------------
     steps = int(config.train.steps)

@@ -19,6 +19,9 @@ from typing import Mapping
 
 import jax
 import numpy as np
+from etils import epath
+
+from bert_jax import paths
 
 # Dense bf16 peak FLOP/s per JAX device, by a substring of `device.device_kind`
 # (vendor data sheets; TPU v2/v3 expose one device per core, later TPUs one per chip).
@@ -114,8 +117,9 @@ class MetricWriter:
         self._jsonl = None
         if not self.active:
             return
-        os.makedirs(workdir, exist_ok=True)
-        self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+        paths.makedirs(workdir)
+        # epath: a local file, or gfile's append on gs:// (each flush uploads the file).
+        self._jsonl = epath.Path(workdir, "metrics.jsonl").open("a", encoding="utf-8")
         if tensorboard:
             try:
                 import tensorflow as tf
@@ -173,5 +177,5 @@ def format_summary(scalars: Mapping[str, float], keys=None) -> str:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as f:
+    with epath.Path(path).open("r", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

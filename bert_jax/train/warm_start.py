@@ -13,11 +13,10 @@ Every shape is checked first; a mismatch names the parameter and both shapes.
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.convert import model_dir
 from bert_jax.models.params import stack_layers
 from bert_jax.train import checkpoint as ckpt_lib
@@ -29,7 +28,7 @@ ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
 
 def warm_start(config, state, rng, abstract, shardings, tx, rng_sharding):
     """Returns (state, rng) started from config.train.init_checkpoint."""
-    path = os.path.abspath(os.path.expanduser(config.train.init_checkpoint))
+    path = paths.resolve(config.train.init_checkpoint)
     mode = config.train.get("init_state", "params")
     if mode not in ("params", "full"):
         raise ValueError(f"config.train.init_state={mode!r}; expected 'params' or 'full'")
