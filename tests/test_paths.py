@@ -105,3 +105,34 @@ def test_text_data_needs_a_local_workdir():
     config.data.source = "tfrecord"
     with pytest.raises(ValueError, match=r"gs://b/run: .*data.train_files"):
         data_lib.make_train_data(config, "gs://b/run")
+
+
+def test_vocabularies_read_from_a_bucket(gcs):
+    from bert_jax.data.tokenization import load_tokenizer
+    from tests.conftest import REPO
+
+    vocab = REPO / "data_prep" / "bert_uncased_vocab.txt"
+    (gcs / "b" / "m").mkdir(parents=True)
+    (gcs / "b" / "m" / "vocab.txt").write_bytes(vocab.read_bytes())
+    here, there = (load_tokenizer(vocab_file=v) for v in (str(vocab), "gs://b/m/vocab.txt"))
+    assert there.vocab_size == 30522
+    assert there.encode("Is this a dagger?") == here.encode("Is this a dagger?")
+
+    from data_prep import build_vocab
+
+    corpus = gcs / "corpus.txt"
+    corpus.write_text((REPO / "data_prep" / "sample_corpus" / "shakespeare.txt").read_text(
+        encoding="utf-8")[:50_000], encoding="utf-8")
+    local = build_vocab.train_sentencepiece([str(corpus)], 300, str(gcs / "b" / "sp.model"))
+    sp = load_tokenizer(spm_model_file="gs://b/sp.model")
+    assert sp.vocab_size == 300
+    assert sp.encode("To be, or not to be") == load_tokenizer(
+        spm_model_file=local).encode("To be, or not to be")
+
+
+def test_finetuning_refuses_a_bucket_workdir(tmp_path):
+    from bert_jax.tasks import finetune
+    from tests.tasks.finetune_common import tiny_pairs_config
+
+    with pytest.raises(ValueError, match=r"--workdir=gs://b/ft: fine-tuning writes .* local"):
+        finetune.run(tiny_pairs_config(steps=1), "gs://b/ft")

@@ -21,10 +21,10 @@ Special tokens in the *text* are not special: "[MASK]" in a sentence is tokenize
 from __future__ import annotations
 
 import itertools
-import os
 from typing import Sequence
 
 import numpy as np
+from etils import epath
 
 # Special tokens every vocabulary must have for pre-training (the original names).
 # Printable ASCII that is neither a letter, a digit nor a space: all of it is punctuation
@@ -254,11 +254,12 @@ class SentencePieceTokenizer(_BaseTokenizer):
 
         self.source = spm_model_file
         self.do_lower_case = do_lower_case
-        if not os.path.isfile(spm_model_file):
+        model = epath.Path(spm_model_file)
+        if not model.is_file():
             raise FileNotFoundError(f"SentencePiece model not found: {spm_model_file}")
         self.sp = spm.SentencePieceProcessor()
         try:
-            self.sp.Load(spm_model_file)
+            self.sp.LoadFromSerializedProto(model.read_bytes())
         except Exception as e:  # sentencepiece raises OSError/RuntimeError with C++ text
             raise VocabError(f"{spm_model_file}: not a SentencePiece model ({e})") from None
         vocab = [self.sp.IdToPiece(i) for i in range(self.sp.GetPieceSize())]
@@ -293,10 +294,10 @@ class SentencePieceTokenizer(_BaseTokenizer):
 
 
 def _read_vocab_txt(path: str) -> list[str]:
-    if not os.path.isfile(path):
+    vocab_path = epath.Path(path)  # local, or gs:// (a model directory in a bucket)
+    if not vocab_path.is_file():
         raise FileNotFoundError(f"vocab file not found: {path}")
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = vocab_path.read_bytes()
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -138,6 +138,12 @@ def run(config, workdir: str, progress: bool = True,
     from bert_jax.data.tokenization import load_tokenizer
     from bert_jax.tasks.registry import task_from_config
 
+    if "://" in str(workdir):
+        raise ValueError(
+            f"--workdir={workdir}: fine-tuning writes its workdir (feature cache, per-run "
+            f"checkpoints, best_model/) with local file operations; use a local or mounted "
+            f"directory (the init_checkpoint and data may be in a bucket) and copy "
+            f"best_model/ to the bucket afterwards")
     is_main = jax.process_index() == 0
     os.makedirs(workdir, exist_ok=True)
     bert_config, source, vocab = model_and_init(config)
