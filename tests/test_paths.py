@@ -136,3 +136,19 @@ def test_finetuning_refuses_a_bucket_workdir(tmp_path):
 
     with pytest.raises(ValueError, match=r"--workdir=gs://b/ft: fine-tuning writes .* local"):
         finetune.run(tiny_pairs_config(steps=1), "gs://b/ft")
+
+
+def test_a_profile_of_a_bucket_run_lands_in_the_bucket(gcs):
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.train.loop import _Profiler
+
+    profiler = _Profiler("gs://b/run/profile", start=0, skip=0, count=1, is_main=True)
+    profiler.before(0)
+    with jax.profiler.StepTraceAnnotation("train", step_num=1):
+        x = jax.jit(lambda a: a @ a)(jnp.ones((64, 64)))
+    profiler.after(1, x)
+    traces = list((gcs / "b" / "run" / "profile").glob("plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0
+    assert not os.path.exists(profiler.local)  # the local staging copy is removed

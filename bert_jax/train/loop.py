@@ -293,16 +293,21 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
 
 class _Profiler:
     """A jax.profiler trace of steps first+1 .. first+count (first = the start step +
-    `skip`), on process 0 only (each process would trace only its own devices)."""
+    `skip`), on process 0 only (each process would trace only its own devices). A bucket
+    directory is traced locally and copied there (etils.epath) when the trace stops."""
 
     def __init__(self, directory: str, start: int, skip: int, count: int, is_main: bool):
-        self.directory, self.active = directory, False
+        self.directory, self.active, self.local = directory, False, directory
         self.first = start + max(skip, 0) if count > 0 and is_main else None
         self.last = None if self.first is None else self.first + count
 
     def before(self, step: int) -> None:
         if step == self.first:
-            jax.profiler.start_trace(self.directory)
+            if paths.is_uri(self.directory):
+                import tempfile
+
+                self.local = tempfile.mkdtemp(prefix="bert_jax_profile_")
+            jax.profiler.start_trace(self.local)
             self.active = True
 
     def after(self, step: int, state) -> None:
@@ -316,6 +321,18 @@ class _Profiler:
         if self.active:
             self.active = False
             jax.profiler.stop_trace()
+            if self.local != self.directory:
+                import shutil
+
+                from etils import epath
+
+                for root, _, files in os.walk(self.local):
+                    for name in files:
+                        rel = os.path.relpath(os.path.join(root, name), self.local)
+                        target = epath.Path(self.directory) / rel
+                        target.parent.mkdir(parents=True, exist_ok=True)
+                        target.write_bytes(epath.Path(root, name).read_bytes())
+                shutil.rmtree(self.local, ignore_errors=True)
 
 
 def _check_finite(metrics: dict, step: int, config) -> int:
