@@ -61,6 +61,12 @@ def save_model_dir(path: str, params: Any, config: BertConfig,
     os.replace(tmp, path)
 
 
+def dir_vocab(path: str) -> Optional[str]:
+    """DIR/vocab.txt of a model directory, if there is one."""
+    vocab = os.path.join(path, VOCAB_NAME)
+    return vocab if paths.is_file(vocab) else None
+
+
 def load_model_dir(path: str) -> tuple[dict, BertConfig]:
     """Returns (params as numpy, unscanned; config). Errors name the directory."""
     if not is_model_dir(path):
@@ -82,10 +88,8 @@ def open_model(path: str) -> tuple[BertConfig, Optional[str], Callable[[], dict]
     `data.vocab_file` if that file still exists."""
     path = paths.resolve(path)
     if is_model_dir(path):
-        vocab = os.path.join(path, VOCAB_NAME)
         config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
-        return config, (vocab if paths.is_file(vocab) else None), \
-            lambda: load_model_dir(path)[0]
+        return config, dir_vocab(path), lambda: load_model_dir(path)[0]
     from bert_jax.train.checkpoint import locate, open_run
 
     if locate(path) is None:
@@ -94,15 +98,13 @@ def open_model(path: str) -> tuple[BertConfig, Optional[str], Callable[[], dict]
             f"training run (WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
     run = open_run(path, path)
     config = from_config_dict(run.config["model"])
-    vocab = (run.config.get("data") or {}).get("vocab_file") or None
 
     def read() -> dict:
         params = run.read_params()
         return (unstack_layers(params, config.num_hidden_layers) if config.scan_layers
                 else params)
 
-    return (config.replace(scan_layers=False),
-            vocab if vocab and paths.is_file(vocab) else None, read)
+    return config.replace(scan_layers=False), run.vocab_file, read
 
 
 def load_model(path: str) -> tuple[dict, BertConfig, Optional[str]]:

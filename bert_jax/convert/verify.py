@@ -164,11 +164,12 @@ def verify(checkpoint: str, reference: str, tokenizer=None, length: int = 64,
 def _tokenizer_for(vocab_file: Optional[str], reference_path: str, config: BertConfig,
                    do_lower_case: bool) -> Optional[object]:
     """The checkpoint's vocabulary, else the reference's vocab.txt, if its size fits."""
+    from bert_jax import paths
     from bert_jax.data.tokenization import load_tokenizer
 
-    ref_dir = reference_path if os.path.isdir(reference_path) else os.path.dirname(reference_path)
+    ref_dir = reference_path if paths.is_dir(reference_path) else os.path.dirname(reference_path)
     for vocab in (vocab_file, os.path.join(ref_dir, "vocab.txt")):
-        if vocab and os.path.isfile(vocab):
+        if vocab and paths.is_file(vocab):
             tok = load_tokenizer(vocab_file=vocab, do_lower_case=do_lower_case)
             if tok.vocab_size == config.vocab_size:
                 return tok

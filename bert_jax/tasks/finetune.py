@@ -34,6 +34,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from bert_jax import paths
 from bert_jax.data.tasks_input import num_rows
 from bert_jax.tasks import metrics as metrics_lib
 from bert_jax.tasks.finetune_run import MeshSetup, train_and_evaluate
@@ -138,7 +139,7 @@ def run(config, workdir: str, progress: bool = True,
     from bert_jax.data.tokenization import load_tokenizer
     from bert_jax.tasks.registry import task_from_config
 
-    if "://" in str(workdir):
+    if paths.is_uri(workdir):
         raise ValueError(
             f"--workdir={workdir}: fine-tuning writes its workdir (feature cache, per-run "
             f"checkpoints, best_model/) with local file operations; use a local or mounted "

@@ -53,9 +53,7 @@ def open_init_checkpoint(path: str) -> InitSource:
     path = paths.resolve(path)
     if model_dir.is_model_dir(path):
         params, config = model_dir.load_model_dir(path)
-        vocab = os.path.join(path, model_dir.VOCAB_NAME)
-        return InitSource(path, "model_dir", config, vocab if os.path.isfile(vocab) else None,
-                          params=params)
+        return InitSource(path, "model_dir", config, model_dir.dir_vocab(path), params=params)
     if os.path.isfile(os.path.join(path, "config.json")):
         from bert_jax.convert.hf_files import read_hf_dir
 
@@ -77,10 +75,7 @@ def _open_workdir(path: str) -> InitSource:
     run = open_run(path, f"train.init_checkpoint={path}")
     shapes = {"/".join(str(getattr(k, "key", k)) for k in kp): tuple(v.shape)
               for kp, v in jax.tree_util.tree_flatten_with_path(run.params["bert"])[0]}
-    vocab = (run.config.get("data") or {}).get("vocab_file") or None
-    if vocab and not os.path.isfile(vocab):
-        vocab = None
-    return InitSource(path, "workdir", from_config_dict(run.config["model"]), vocab,
+    return InitSource(path, "workdir", from_config_dict(run.config["model"]), run.vocab_file,
                       step=run.step, shapes=shapes)
 
 

@@ -169,6 +169,12 @@ class SavedRun:
     def directory(self) -> str:
         return os.path.join(self.workdir, "checkpoints")
 
+    @property
+    def vocab_file(self) -> Optional[str]:
+        """The run's data.vocab_file, if it names a file that (still) exists."""
+        vocab = (self.config.get("data") or {}).get("vocab_file") or None
+        return vocab if vocab and paths.is_file(vocab) else None
+
     def read_params(self) -> dict:
         """The params of this step as host numpy arrays (no optimizer state is read)."""
         item = {"params": jax.tree_util.tree_map(

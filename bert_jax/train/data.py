@@ -26,6 +26,8 @@ import sys
 
 import jax
 
+from bert_jax import paths
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_CORPUS = os.path.join(REPO, "data_prep", "sample_corpus")
 SAMPLE_VOCAB = os.path.join(REPO, "data_prep", "bert_uncased_vocab.txt")
@@ -62,10 +64,10 @@ def make_eval_data(config, workdir: str):  # noqa: ARG001
     return pretrain.eval_iterator(config.data)
 
 
-def _split_documents(paths, out_train: str, out_eval: str) -> tuple[int, int]:
+def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int]:
     """Documents are separated by blank lines (the original input format)."""
     docs: list[str] = []
-    for path in paths:
+    for path in files:
         with open(path, encoding="utf-8") as f:
             current: list[str] = []
             for line in f:
@@ -99,7 +101,7 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
     """(train glob, eval glob or "") of TFRecords made from `data.text_files` (else the
     sample corpus) for the config's lengths and vocabulary; built by process 0 once and
     reused."""
-    if "://" in str(workdir):
+    if paths.is_uri(workdir):
         raise ValueError(
             f"--workdir={workdir}: TFRecords from data.text_files or the sample corpus are "
             f"built in a local workdir; with a bucket workdir, build them with "
