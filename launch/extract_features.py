@@ -54,8 +54,9 @@ def run():
     try:
         config, vocab_file, read_params = model_dir.open_model(FLAGS.checkpoint)
     except FileNotFoundError as e:
-        raise app.UsageError(f"--checkpoint={FLAGS.checkpoint}: {e}; make a model directory "
-                             f"with `python -m bert_jax.convert from-tf|from-hf`") from None
+        raise app.UsageError(
+            f"--checkpoint={FLAGS.checkpoint}: {e}; make a model directory with "
+            f"`python -m bert_jax.convert from-tf|from-hf|from-workdir`") from None
     layers = extract.parse_layers(FLAGS.layers, config.num_hidden_layers)
     vocab_file = FLAGS.vocab_file or vocab_file
     if not vocab_file or not os.path.isfile(vocab_file):

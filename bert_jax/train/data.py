@@ -39,17 +39,26 @@ SAMPLE_SHARDS = 4
 def make_train_data(config, workdir: str):
     from bert_jax.data import pretrain
 
-    if config.data.source == "tfrecord" and not config.data.train_files:
+    text_files = config.data.get("text_files", "")
+    if text_files and (config.data.source != "tfrecord" or config.data.train_files):
+        other = (f"data.source={config.data.source!r}" if config.data.source != "tfrecord"
+                 else f"data.train_files={config.data.train_files!r}")
+        raise ValueError(f"config.data.text_files={text_files!r} is set together with {other}: "
+                         f"give raw text (text_files) or TFRecords (train_files), not both")
+    build = config.data.source == "tfrecord" and not config.data.train_files
+    if build:
         # Recorded in the checkpoints' config, so that the run carries its vocabulary
         # (`python -m bert_jax.convert from-workdir` copies it into the model directory).
         config.data.vocab_file = config.data.vocab_file or SAMPLE_VOCAB
-        train, evals = build_text_data(config, workdir)
-        config.data.train_files, config.data.eval_files = train, evals
+    # Before any TFRecords are built: the vocabulary exists, has its special tokens and
+    # fits the model.
     data_vocab = pretrain.vocab_info(config.data)["vocab_size"]
     if data_vocab > config.model.vocab_size:
         raise ValueError(
             f"the data's vocabulary has {data_vocab} tokens (config.data.vocab_size / "
             f"vocab_file) but config.model.vocab_size={config.model.vocab_size}")
+    if build:
+        config.data.train_files, config.data.eval_files = build_text_data(config, workdir)
     # Reads the first records of every file: a wrong length or an id outside the
     # vocabulary raises DataCheckError naming the file, before anything compiles.
     pretrain.check_input(config.data)

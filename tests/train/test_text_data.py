@@ -96,3 +96,26 @@ def test_the_run_trains_and_records_its_vocabulary(tmp_path):
     assert summary["step"] == 2 and np.isfinite(summary["eval/loss"])
     _, _, vocab = model_dir.load_model(str(tmp_path / "run"))
     assert vocab == data_lib.SAMPLE_VOCAB
+
+
+def test_conflicting_or_unfit_settings_fail_before_anything_is_built(tmp_path):
+    (tmp_path / "t.txt").write_text("\n\n".join(_documents(25)) + "\n", encoding="utf-8")
+    config = _config(str(tmp_path / "t.txt"))
+    config.data.train_files = "/data/train-*.tfrecord"
+    with pytest.raises(ValueError, match=r"text_files='.*t.txt' is set together with "
+                                         r"data.train_files='/data/train-\*.tfrecord'"):
+        data_lib.make_train_data(config, str(tmp_path / "run"))
+    config = _config(str(tmp_path / "t.txt"))
+    config.data.source = "synthetic"
+    with pytest.raises(ValueError, match=r"together with data.source='synthetic'"):
+        data_lib.make_train_data(config, str(tmp_path / "run"))
+    config = _config(str(tmp_path / "t.txt"))
+    config.model.vocab_size = 1000   # BERT's vocabulary has 30,522 tokens
+    with pytest.raises(ValueError, match=r"vocabulary has 30522 tokens .* "
+                                         r"config.model.vocab_size=1000"):
+        data_lib.make_train_data(config, str(tmp_path / "run"))
+    config = _config(str(tmp_path / "t.txt"))
+    config.data.vocab_file = str(tmp_path / "missing_vocab.txt")
+    with pytest.raises(FileNotFoundError, match="missing_vocab.txt"):
+        data_lib.make_train_data(config, str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "text_data").exists()  # nothing was built
