@@ -46,6 +46,12 @@ def make_train_data(config, workdir: str):
         raise ValueError(f"config.data.text_files={text_files!r} is set together with {other}: "
                          f"give raw text (text_files) or TFRecords (train_files), not both")
     build = config.data.source == "tfrecord" and not config.data.train_files
+    if build and paths.is_uri(workdir):
+        raise ValueError(
+            f"--workdir={workdir}: TFRecords from data.text_files or the sample corpus are "
+            f"built in a local workdir; with a bucket workdir, build them with "
+            f"data_prep/create_pretraining_data.py and set data.train_files (and "
+            f"data.eval_files)")
     if build:
         # Recorded in the checkpoints' config, so that the run carries its vocabulary
         # (`python -m bert_jax.convert from-workdir` copies it into the model directory).
@@ -110,12 +116,6 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
     """(train glob, eval glob or "") of TFRecords made from `data.text_files` (else the
     sample corpus) for the config's lengths and vocabulary; built by process 0 once and
     reused."""
-    if paths.is_uri(workdir):
-        raise ValueError(
-            f"--workdir={workdir}: TFRecords from data.text_files or the sample corpus are "
-            f"built in a local workdir; with a bucket workdir, build them with "
-            f"data_prep/create_pretraining_data.py and set data.train_files (and "
-            f"data.eval_files)")
     seq, pred = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     vocab, lower = config.data.vocab_file, bool(config.data.get("do_lower_case", True))
     spec = config.data.get("text_files", "")
