@@ -18,9 +18,10 @@ from bert_jax.data.task_readers import DataError, PairExample
 
 def truncate_pair(a: list, b: Optional[list], max_tokens: int) -> None:
     """In place: pop from the end of the longer list until len(a) + len(b) <= max_tokens
-    (the original heuristic: a short side keeps more of its meaning than an even cut)."""
+    (the original heuristic: a short side keeps more of its meaning than an even cut). On a
+    tie B loses the token, as in the original _truncate_seq_pair."""
     while len(a) + (len(b) if b is not None else 0) > max_tokens:
-        if b is not None and len(b) > len(a):
+        if b is not None and len(b) >= len(a):
             b.pop()
         else:
             a.pop()

@@ -66,6 +66,17 @@ def test_truncate_pair_pops_the_longer_side():
     a, b = [1, 2], [3, 4, 5, 6, 7]
     classification.truncate_pair(a, b, 4)
     assert a == [1, 2] and b == [3, 4]
+    # A tie costs B its token, as google-research/bert's _truncate_seq_pair
+    # (`if len(tokens_a) > len(tokens_b): tokens_a.pop() else: tokens_b.pop()`).
+    a, b = [1, 2, 3], [4, 5, 6]
+    classification.truncate_pair(a, b, 5)
+    assert a == [1, 2, 3] and b == [4, 5]
+    a, b = [1, 2, 3, 4], [5, 6, 7]
+    classification.truncate_pair(a, b, 5)
+    assert a == [1, 2, 3] and b == [5, 6]
+    a = [1, 2, 3]
+    classification.truncate_pair(a, None, 2)
+    assert a == [1, 2]
 
 
 def test_pair_features_layout(tok):
