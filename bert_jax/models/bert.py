@@ -111,18 +111,21 @@ class BertForQuestionAnswering(nn.Module):
 
 
 class BertForMultipleChoice(nn.Module):
-    """Inputs [batch, choices, length]; logits [batch, choices] (one score per choice)."""
+    """Inputs [batch, choices, length]; logits [batch, choices] (one score per choice, the
+    paper's SWAG head: a vector dotted with each choice's pooled [CLS]). Any leading dims
+    are flattened into the encoder's batch and restored ([batch, length] -> [batch], as
+    init with a single placeholder sequence calls it)."""
 
     config: BertConfig
 
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
                  deterministic: bool = True):
-        batch, choices, length = input_ids.shape
-        flat = lambda a: None if a is None else a.reshape(batch * choices, length)  # noqa: E731
+        lead, length = input_ids.shape[:-1], input_ids.shape[-1]
+        flat = lambda a: None if a is None else a.reshape(-1, length)  # noqa: E731
         _, pooled = BertModel(self.config, name="bert")(
             flat(input_ids), flat(attention_mask), flat(token_type_ids),
             deterministic=deterministic)
         scores = ClassifierHead(self.config, 1, name="classifier")(
             pooled, deterministic=deterministic)
-        return scores.reshape(batch, choices)
+        return scores.reshape(lead)

@@ -162,7 +162,7 @@ def run(config, workdir: str, progress: bool = True,
         raise ValueError("no labelled eval set to pick the best run on (dev data missing?)")
     main_set = labeled[0]
     setup = MeshSetup.from_config(config, task, bert_config,
-                                  int(train_features["input_ids"].shape[1]))
+                                  int(train_features["input_ids"].shape[-1]))
     total = total_train_steps(config, num_rows(train_features))
     lrs = [float(x) for x in (list(config.schedule.lr_grid) or [config.schedule.lr])]
     plan = [(lr, int(config.train.seed) + r) for lr in lrs

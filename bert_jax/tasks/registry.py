@@ -1,9 +1,9 @@
 """Fine-tuning configs: the shared sections (the paper's recipe) and config -> task object.
 
-configs/glue.py, configs/squad.py and configs/ner.py start from `base_config()` and fill
-`config.task`. Sections:
+configs/glue.py, configs/squad.py, configs/ner.py and configs/swag.py start from
+`base_config()` and fill `config.task`. Sections:
 
-    task        kind: glue | squad | ner, plus that task's fields (see the configs)
+    task        kind: glue | squad | ner | choice, plus that task's fields (see the configs)
     train       init_checkpoint (model dir, HF dir, pre-training workdir, or its
                 checkpoints/<step>), random_init (control run: same architecture, fresh
                 weights), batch_size 32, accum_steps (gradient accumulation: batch_size stays
@@ -83,4 +83,9 @@ def task_from_config(config, vocab_file: str = ""):
 
         return NerTask(t.train_file, t.dev_file, t.test_file, tuple(t.labels) or None,
                        t.max_seq_length, t.strict, **common)
-    raise ValueError(f"config.task.kind={t.kind!r}; expected glue, squad or ner")
+    if t.kind == "choice":
+        from bert_jax.tasks.choice import ChoiceTask
+
+        return ChoiceTask(t.name, t.train_file, t.dev_file, t.test_file, t.max_seq_length,
+                          **common)
+    raise ValueError(f"config.task.kind={t.kind!r}; expected glue, squad, ner or choice")
