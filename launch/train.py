@@ -9,6 +9,9 @@ r"""Pre-train BERT: one command from a CPU to a TPU pod.
         --config.train.init_checkpoint=<phase-1 workdir>
     python launch/train.py --config=configs/glue.py:mrpc --workdir=... \
         --config.train.init_checkpoint=<model dir> --config.task.data_dir=glue_data/MRPC
+    python launch/train.py --config=configs/swag.py --workdir=... \
+        --config.train.init_checkpoint=<model dir> --config.task.train_file=train.csv \
+        --config.task.dev_file=val.csv
 
 The config is a plain Python file (configs/*.py) whose sections are documented in
 bert_jax/train/config.py; `--config.section.key=value` overrides, and an unknown key is an
@@ -62,9 +65,10 @@ def main(argv):
     runtime.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
                        FLAGS.process_id)
     task = FLAGS.config.get("task", None)
-    if task is not None and task.get("kind", None) in ("glue", "squad", "ner"):
-        # Fine-tuning configs (configs/glue.py, squad.py, ner.py) run the task driver: the
-        # same mesh, checkpoints and resume, plus restarts and the task's metrics.
+    if task is not None:
+        # Fine-tuning configs (configs/glue.py, squad.py, ner.py, swag.py: a `task` section)
+        # run the task driver: the same mesh, checkpoints and resume, plus restarts and the
+        # task's metrics. An unknown task.kind is an error there, never a pre-training run.
         from bert_jax.tasks import finetune
 
         finetune.run(FLAGS.config, FLAGS.workdir)

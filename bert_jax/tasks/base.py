@@ -1,4 +1,5 @@
-"""What a fine-tuning task gives the training loop (GLUE, SQuAD and NER implement it).
+"""What a fine-tuning task gives the training loop (GLUE, SQuAD, NER and multiple choice
+implement it).
 
 A loop needs, from the task and nothing else:
 

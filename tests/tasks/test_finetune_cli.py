@@ -51,3 +51,21 @@ def test_sigterm_saves_exits_0_and_the_same_command_finishes(tmp_path):
     assert records[-1]["summary"] and 0.0 <= records[-1]["dev/accuracy_mean"] <= 1.0
     assert (workdir / "best_model" / "bert_config.json").exists()
     assert (workdir / "run_0" / "dev_predictions-dev.tsv").exists()
+
+
+@pytest.mark.slow  # one launch: import + compile, ~40 s
+def test_swag_config_runs_the_multiple_choice_task(tmp_path):
+    """configs/swag.py through launch/train.py fine-tunes (not pre-trains): dev accuracy in
+    the sweep's metrics.jsonl, choice predictions in the run."""
+    workdir = tmp_path / "swag"
+    cmd = [sys.executable, str(REPO / "launch/train.py"), "--config=configs/swag.py",
+           "--config.task.train_file=tests/tasks/data/choice/train.csv",
+           "--config.task.dev_file=tests/tasks/data/choice/val.csv",
+           "--config.task.max_seq_length=32", *ARGS[2:7], "--config.train.max_steps=3",
+           "--config.train.eval_batch_size=40", "--config.train.tensorboard=False",
+           f"--workdir={workdir}"]
+    subprocess.run(cmd, env=_env(), cwd=REPO, check=True, capture_output=True, timeout=600)
+    records = [json.loads(l) for l in open(workdir / "metrics.jsonl")]
+    assert records[0]["train/steps"] == 3 and 0 <= records[0]["dev/accuracy"] <= 1
+    assert records[-1]["summary"] and records[-1]["selected_on"] == "dev"
+    assert (workdir / "run_0" / "choice_predictions-dev.tsv").exists()

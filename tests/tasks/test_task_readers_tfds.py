@@ -11,7 +11,9 @@ tf = pytest.importorskip("tensorflow")
 tfds = pytest.importorskip("tensorflow_datasets")
 
 from bert_jax.data import task_readers as readers  # noqa: E402
-from bert_jax.data.task_readers import NerExample, PairExample, SquadExample  # noqa: E402
+from bert_jax.data.task_readers import (ChoiceExample, NerExample, PairExample,  # noqa: E402
+                                        SquadExample)
+from bert_jax.tasks.choice import ChoiceTask  # noqa: E402
 from bert_jax.tasks.glue import GlueTask  # noqa: E402
 
 
@@ -137,3 +139,23 @@ def test_conll2003_tags_by_name(fake_tfds):
         NerExample("0", ("EU", "rejects", "German", "call"), ("B-ORG", "O", "B-MISC", "O")),
         NerExample("1", ("Peter", "Blackburn"), ("B-PER", "I-PER"))]
     assert ("builder", "conll2003", "/t") in calls and ("as_dataset", "conll2003", "dev") in calls
+
+
+def test_hellaswag_splits_and_hidden_test_labels(fake_tfds):
+    row = dict(context="A man is sitting on a roof. He", activity_label="Roof shingle removal",
+               split_type="indomain", source_id="activitynet~v_-JhWjGDPHMY")
+    calls = fake_tfds("hellaswag", {
+        "validation": [dict(row, endings=["starts pulling up roofing.", "is ripping level tiles.",
+                                          "is holding a rubik's cube.", "sits, then stands."],
+                            label=0)],
+        "test": [dict(row, endings=["a", "b", "c", "d"], label=-1)]})
+    assert readers.read_hellaswag_tfds("dev", tfds_data_dir="/t") == [ChoiceExample(
+        "0", "A man is sitting on a roof. He", "",
+        ("starts pulling up roofing.", "is ripping level tiles.", "is holding a rubik's cube.",
+         "sits, then stands."), 0)]
+    assert readers.read_hellaswag_tfds("test")[0].label is None
+    assert ("builder", "hellaswag", "/t") in calls
+    assert ("as_dataset", "hellaswag", "validation") in calls
+    # configs/swag.py:hellaswag without files reads tfds (no file needed).
+    task = ChoiceTask("hellaswag", tfds_data_dir="/t")
+    assert task.read("dev")[0].endings[0] == "starts pulling up roofing."

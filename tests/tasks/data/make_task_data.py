@@ -16,11 +16,18 @@ squad/  (SQuAD JSON, v1.1 and v2.0)
     context (its speaker may well be in it, so the name alone does not answer).
 conll/  (CoNLL columns `word POS chunk tag`, IOB1 like CoNLL-2003)
     Speech lines that mention a character of the play by name: names tagged I-PER.
+choice/  (SWAG's CSV layout: train.csv, val.csv)
+    "Which ending quotes the speech?" sent1: "SPEAKER: <speech opening, <= 18 words>", sent2
+    empty; the right ending quotes part of it with a word or two dropped, the three others
+    are spans of neighbouring speeches of the same scene. Label position uniform. (A first
+    design, "which speech comes next" against openings from other plays, was not learnable
+    from 320 questions: MiniLM stayed at chance on dev.)
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import random
@@ -160,6 +167,49 @@ def write_conll(path, sentences):
             f.write("\n")
 
 
+def make_choice(plays, rng, n):
+    """Which ending quotes the speech? sent1 "SPEAKER: <speech opening, <= 18 words>";
+    the right ending is a contiguous part of it with a word or two dropped (as pairs/), the
+    three others spans of neighbouring speeches of the same scene (same names and topic)."""
+    names = sorted(plays)
+    rows = []
+    while len(rows) < n:
+        sp = plays[rng.choice(names)]
+        i = rng.randrange(3, len(sp) - 3)
+        scene, speaker, text = sp[i]
+        words = text.split()[:18]
+        if len(words) < 8:
+            continue
+        lo = rng.randrange(0, len(words) // 3)
+        quote = words[lo:lo + rng.randint(len(words) // 2, len(words) - lo)]
+        for _ in range(rng.randint(1, 2)):
+            if len(quote) > 4:
+                quote.pop(rng.randrange(1, len(quote) - 1))
+        near = [s[2].split() for s in sp[i - 3:i] + sp[i + 1:i + 4]
+                if s[0] == scene and len(s[2].split()) >= 6]
+        if len(near) < 3:
+            continue
+        wrong = []
+        for other in rng.sample(near, 3):
+            a = rng.randrange(0, max(1, len(other) - 6))
+            wrong.append(" ".join(other[a:a + rng.randint(5, 12)]))
+        label = rng.randrange(4)
+        endings = wrong[:label] + [" ".join(quote)] + wrong[label:]
+        rows.append((speaker, f"{speaker}: {' '.join(words)}", "", endings, label))
+    return rows
+
+
+def write_swag_csv(path, rows):
+    """SWAG's columns, with pandas' unnamed index column first, as in the real files."""
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["", "video-id", "fold-ind", "startphrase", "sent1", "sent2", "gold-source",
+                    "ending0", "ending1", "ending2", "ending3", "label"])
+        for i, (play, sent1, sent2, endings, label) in enumerate(rows):
+            w.writerow([i, play, i, f"{sent1} {sent2}".strip(), sent1, sent2, "gold", *endings,
+                        label])
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--corpus", default="/work/shared/corpus/shakespeare")
@@ -177,7 +227,7 @@ def main():
     dev_names, train_names = names[:8], names[8:]
     train = {k: plays[k] for k in train_names}
     dev = {k: plays[k] for k in dev_names}
-    for d in ("pairs", "squad", "conll"):
+    for d in ("pairs", "squad", "conll", "choice"):
         os.makedirs(os.path.join(HERE, d), exist_ok=True)
     write_tsv(os.path.join(HERE, "pairs", "train.tsv"), make_pairs(train, random.Random(1), 320))
     write_tsv(os.path.join(HERE, "pairs", "dev.tsv"), make_pairs(dev, random.Random(2), 200))
@@ -189,6 +239,9 @@ def main():
                 json.dump(doc, f, ensure_ascii=False)
     write_conll(os.path.join(HERE, "conll", "train.txt"), make_conll(train, random.Random(5), 300))
     write_conll(os.path.join(HERE, "conll", "dev.txt"), make_conll(dev, random.Random(6), 100))
+    write_swag_csv(os.path.join(HERE, "choice", "train.csv"),
+                   make_choice(train, random.Random(7), 320))
+    write_swag_csv(os.path.join(HERE, "choice", "val.csv"), make_choice(dev, random.Random(8), 160))
     print("plays:", len(plays), "train:", train_names, "dev:", dev_names)
 
 
