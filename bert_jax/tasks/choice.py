@@ -77,8 +77,8 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class ChoiceTask:
-    """name: "swag" (the CSVs; train_file and dev_file required), "hellaswag" (its .jsonl
-    files, or tfds hellaswag when no files are given) or "jsonl" (your own questions in
+    """name: "swag" (the CSVs; train_file to train, dev_file), "hellaswag" (its .jsonl
+    files, or tfds hellaswag when no file is given) or "jsonl" (your own questions in
     HellaSwag's JSON-lines layout, see read_choice_jsonl). A test_file (SWAG's test.csv,
     unlabelled) is predicted, and scored only if every question has a label."""
 
@@ -89,12 +89,6 @@ class ChoiceTask:
             raise ValueError(f"unknown multiple-choice task {name!r}; expected one of "
                              f"{list(CHOICE_FORMATS)}")
         self.files = {"train": train_file, "dev": dev_file, "test": test_file}
-        if name != "hellaswag" or train_file or dev_file:
-            missing = [f"task.{s}_file" for s in ("train", "dev") if not self.files[s]]
-            if missing:
-                raise ValueError(f"multiple-choice task {name!r} reads files: set "
-                                 f"{' and '.join(missing)}"
-                                 + (" (tfds has no SWAG)" if name == "swag" else ""))
         self.name, self.max_seq_length = name, max_seq_length
         self.tfds_data_dir, self.cache_dir, self.vocab_file = tfds_data_dir, cache_dir, vocab_file
         self.main_metric = "accuracy"
@@ -107,6 +101,10 @@ class ChoiceTask:
     def read(self, split: str) -> list[ChoiceExample]:
         path = self.files[split]
         if not path:
+            if self.name != "hellaswag" or any(self.files.values()):
+                raise ValueError(f"multiple-choice task {self.name!r} reads files: set "
+                                 f"task.{split}_file"
+                                 + (" (tfds has no SWAG)" if self.name == "swag" else ""))
             return readers.read_hellaswag_tfds(split, self.tfds_data_dir)
         if self.name == "swag":
             return readers.read_swag_csv(path, labeled=split != "test")

@@ -1,6 +1,6 @@
 """The fine-tuning driver: task + pretrained encoder -> trained heads, dev metrics,
-prediction files, N restarts summarised. `launch/train.py` calls `run` for configs with
-task.kind in glue / squad / ner:
+prediction files, N restarts summarised. `launch/train.py` calls `run` for configs with a
+task section (task.kind glue / squad / ner / choice):
 
     python launch/train.py --config=configs/glue.py:mrpc \
         --config.train.init_checkpoint=<model dir | HF dir | pre-training workdir> \
@@ -20,6 +20,9 @@ saves the current run and returns ({"preempted": True}). Writes, in workdir (pro
                            log_every steps, final eval), TensorBoard events, checkpoints/
                            (removed once the run is recorded if checkpoint.delete_finished)
     best_model/            the best run as a model directory (config + params + vocab)
+
+`train.do_train=False` trains nothing: it evaluates and predicts every eval set with the
+fine-tuned model of `train.init_checkpoint`, its task head included (bert_jax/tasks/predict.py).
 """
 
 from __future__ import annotations
@@ -153,6 +156,10 @@ def run(config, workdir: str, progress: bool = True,
         raise ValueError("no vocabulary: set tokenizer.vocab_file (the checkpoint has none)")
     tokenizer = load_tokenizer(vocab_file=vocab, do_lower_case=config.tokenizer.do_lower_case)
     task = task_from_config(config, vocab_file=vocab)
+    if not config.train.do_train:  # predict with a fine-tuned model: no training data read
+        from bert_jax.tasks.predict import predict
+
+        return predict(config, workdir, task, tokenizer, bert_config, source)
     train_features = task.train_features(tokenizer)
     eval_sets = task.eval_sets(tokenizer)
     logging.info("%d training features; eval sets %s", num_rows(train_features),

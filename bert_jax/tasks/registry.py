@@ -6,7 +6,8 @@ configs/glue.py, configs/squad.py, configs/ner.py and configs/swag.py start from
     task        kind: glue | squad | ner | choice, plus that task's fields (see the configs)
     train       init_checkpoint (model dir, HF dir, pre-training workdir, or its
                 checkpoints/<step>), random_init (control run: same architecture, fresh
-                weights), batch_size 32, accum_steps (gradient accumulation: batch_size stays
+                weights), do_train (False: only evaluate / predict with the fine-tuned
+                model of init_checkpoint, its task head included; see tasks/predict.py), batch_size 32, accum_steps (gradient accumulation: batch_size stays
                 the batch of one update, split into accum_steps micro-batches scanned in the
                 step), eval_batch_size, num_epochs 3, max_steps (-1: from epochs),
                 num_restarts, seed, log_every, save_best_model (workdir/best_model as a model
@@ -39,7 +40,7 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.task = ml_collections.ConfigDict()
     c.train = ml_collections.ConfigDict(dict(
-        init_checkpoint="", random_init=False, batch_size=32, accum_steps=1,
+        init_checkpoint="", random_init=False, do_train=True, batch_size=32, accum_steps=1,
         eval_batch_size=64, num_epochs=3.0, max_steps=-1, num_restarts=1, seed=0,
         log_every=10, save_best_model=True, tensorboard=True))
     c.optimizer = ml_collections.ConfigDict(dict(

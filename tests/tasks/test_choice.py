@@ -178,12 +178,14 @@ def test_scores_and_loss_match_transformers(golden, minilm_dir):
 
 # --- the task and the driver ----------------------------------------------------------------
 
-def test_task_needs_its_files():
-    with pytest.raises(ValueError, match=r"'swag' reads files: set task.train_file and "
-                                         r"task.dev_file \(tfds has no SWAG\)"):
-        choice.ChoiceTask("swag")
-    with pytest.raises(ValueError, match=r"set task.dev_file"):
-        choice.ChoiceTask("jsonl", train_file="t.jsonl")
+def test_task_needs_its_files(tok):
+    with pytest.raises(ValueError, match=r"'swag' reads files: set task.train_file "
+                                         r"\(tfds has no SWAG\)"):
+        choice.ChoiceTask("swag").train_features(tok)
+    with pytest.raises(ValueError, match=r"'jsonl' reads files: set task.dev_file$"):
+        choice.ChoiceTask("jsonl", train_file="t.jsonl").eval_sets(tok)
+    with pytest.raises(ValueError, match=r"'hellaswag' reads files: set task.train_file"):
+        choice.ChoiceTask("hellaswag", dev_file="d.jsonl").train_features(tok)
     with pytest.raises(ValueError, match=r"unknown multiple-choice task 'race'"):
         choice.ChoiceTask("race")
     with pytest.raises(ValueError, match=r"configs/swag.py:race: unknown format"):

@@ -1,0 +1,120 @@
+"""`train.do_train=False`: evaluate and predict with an already fine-tuned model, its task head
+included (google-research/bert's `--do_train=false --do_predict=true`, transformers'
+`--do_predict` on a fine-tuned model):
+
+    python launch/train.py --config=configs/glue.py:mrpc --workdir=/tmp/mrpc_test \
+        --config.train.do_train=False --config.train.init_checkpoint=/tmp/mrpc/best_model \
+        --config.task.data_dir=glue_data/MRPC --config.task.eval_test=True
+
+`train.init_checkpoint` is a fine-tuning run's best_model/ (or any of our model directories
+holding this task's head), or a Hugging Face directory of this task's model
+(BertForSequenceClassification / TokenClassification / QuestionAnswering / MultipleChoice:
+labels in the order of the task's `labels`). Every tensor the task model needs, head
+included, must be there with the model's shape (checked before anything is compiled; a
+pre-training checkpoint has no task head and is refused). No training data is read.
+
+Writes, in WORKDIR (process 0): every eval set's prediction files (as a training run's), and
+one metrics.jsonl line `{"step": 0, "<set>/<metric>": ...}` for the labelled sets.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import flax
+import jax
+import numpy as np
+
+from bert_jax.models.params import stack_layers
+from bert_jax.tasks.init_checkpoint import InitSource, _flat_shapes
+
+
+def _numpy_params(source: InitSource, scan_layers: bool, num_layers: int) -> dict:
+    params = dict(source.params)
+    if scan_layers and "bert" in params:
+        params["bert"] = stack_layers({"bert": params["bert"]}, num_layers)["bert"]
+    return params
+
+
+def check_task_params(source: Optional[InitSource], abstract_params: Any, bert_config,
+                      task_name: str, random_init: bool = False) -> None:
+    """Every tensor of the task model (`abstract_params`: ShapeDtypeStructs) is in `source`
+    with the same shape; else a ValueError naming the head or key and both shapes."""
+    if source is None:
+        raise ValueError(
+            "train.do_train=False predicts with a fine-tuned model: set train.init_checkpoint "
+            "to it (e.g. a fine-tuning run's best_model/)"
+            + (", and drop train.random_init" if random_init else ""))
+    if source.kind == "workdir":
+        raise ValueError(
+            f"train.init_checkpoint={source.path} is a pre-training run: it has no {task_name} "
+            f"head to predict with (train.do_train=False); fine-tune it first and pass that "
+            f"run's best_model/")
+    got = _flat_shapes(_numpy_params(source, bert_config.scan_layers,
+                                     bert_config.num_hidden_layers))
+    want = _flat_shapes(abstract_params)
+    heads = sorted({k.split("/")[0] for k in want} - {"bert"})
+    for head in heads:
+        if not any(k.split("/")[0] == head for k in got):
+            raise ValueError(
+                f"train.init_checkpoint={source.path} has no {head!r} head (it holds "
+                f"{sorted(source.params)}), which {task_name} predicts with "
+                f"(train.do_train=False): pass a model fine-tuned on this task, e.g. a "
+                f"fine-tuning run's best_model/")
+    for key, shape in sorted(want.items()):
+        if key not in got:
+            raise ValueError(f"train.init_checkpoint={source.path}: tensor {key} missing "
+                             f"(the model expects shape {tuple(shape)})")
+        if tuple(got[key]) != tuple(shape):
+            raise ValueError(
+                f"train.init_checkpoint={source.path}: {key} has shape {tuple(got[key])} in "
+                f"the checkpoint, the {task_name} model expects {tuple(shape)}"
+                + (" (another number of labels?)" if key.split("/")[0] != "bert" else ""))
+
+
+def place_task_params(source: InitSource, abstract_params: Any, shardings: Any,
+                      bert_config) -> Any:
+    """The checkpoint's numpy params, as the model's dtypes, on the mesh (each process builds
+    only its addressable shards)."""
+    flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(_numpy_params(
+        source, bert_config.scan_layers, bert_config.num_hidden_layers)))
+    refs = flax.traverse_util.flatten_dict(abstract_params)
+    places = flax.traverse_util.flatten_dict(shardings)
+    return flax.traverse_util.unflatten_dict({
+        k: jax.make_array_from_callback(
+            ref.shape, places[k], lambda idx, x=np.asarray(flat[k], ref.dtype): x[idx])
+        for k, ref in refs.items()})
+
+
+def predict(config, workdir: str, task, tokenizer, bert_config, source) -> dict:
+    """Evaluates every eval set of `task` with `source`'s weights; returns
+    {"predict": True, "<set>/<metric>": value, ...}."""
+    from bert_jax.tasks.finetune_run import MeshSetup, evaluate
+    from bert_jax.train import metrics as metrics_lib
+
+    task_name = f"task.kind={config.task.kind}"
+    if source is None or source.kind == "workdir":  # before reading any data
+        check_task_params(source, None, bert_config, task_name, bool(config.train.random_init))
+    eval_sets = task.eval_sets(tokenizer)
+    if not eval_sets:
+        raise ValueError("train.do_train=False: the task has no eval set to predict")
+    seq_len = int(eval_sets[0].features["input_ids"].shape[-1])
+    setup = MeshSetup.from_config(config, task, bert_config, seq_len)
+    steps = setup.steps_for(config, float(config.schedule.lr), 1)  # the eval step only
+    check_task_params(source, steps.abstract.params, bert_config, task_name)
+    params = place_task_params(source, steps.abstract.params, steps.shardings.params,
+                               bert_config)
+    writer = metrics_lib.MetricWriter(workdir, tensorboard=bool(config.train.tensorboard))
+    try:
+        results = evaluate(setup, steps, params, eval_sets, config, workdir, writer, 0)
+    finally:
+        writer.close()
+    out = {"predict": True, **{f"{name}/{k}": v for name, m in results.items()
+                               for k, v in m.items()}}
+    if jax.process_index() == 0:
+        for e in eval_sets:
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in results[e.name].items()
+                              if isinstance(v, float))
+            print(f"{e.name}: {len(e.examples)} examples predicted"
+                  + (f"; {shown}" if shown else " (unlabelled)"), flush=True)
+    return out

@@ -1,0 +1,85 @@
+"""`train.do_train=False`: predicting with a fine-tuned model (its task head included)
+reproduces the fine-tuning run's own dev predictions exactly, reads no training data, and
+refuses checkpoints without this task's head before compiling anything."""
+
+import json
+import shutil
+
+import pytest
+
+from bert_jax.models.config import BertConfig
+from bert_jax.tasks import finetune
+from bert_jax.tasks.init_checkpoint import InitSource
+from bert_jax.tasks.predict import check_task_params
+from tests.tasks.conftest import DATA
+from tests.tasks.finetune_common import tiny_pairs_config
+
+
+def _predict_config(init_checkpoint, data_dir, **task):
+    c = tiny_pairs_config()
+    c.train.do_train = False
+    c.train.init_checkpoint = str(init_checkpoint)
+    c.task.data_dir = str(data_dir)
+    c.task.update(task)
+    return c
+
+
+def test_best_model_predicts_what_its_run_predicted(reference_run, tmp_path):
+    """best_model/ of the 2-restart tiny pair fine-tune, on a copy of the data without
+    train.tsv: the dev predictions file is byte for byte the best run's, the accuracy the
+    one recorded for that run, and test.tsv gets a submission file."""
+    work, summary = reference_run
+    data = tmp_path / "data"
+    data.mkdir()
+    shutil.copy(DATA / "pairs" / "dev.tsv", data / "dev.tsv")
+    rows = (DATA / "pairs" / "dev.tsv").read_text().splitlines()
+    (data / "test.tsv").write_text("\n".join(
+        ["index\tsentence1\tsentence2"]
+        + ["\t".join(r.split("\t")[:3]) for r in rows[1:11]]) + "\n")
+    out = tmp_path / "predict"
+    result = finetune.run(_predict_config(work / "best_model", data, eval_test=True),
+                          str(out), progress=False)
+    best = summary["best_run"]
+    assert (out / "dev_predictions-dev.tsv").read_bytes() == \
+        (work / f"run_{best}" / "dev_predictions-dev.tsv").read_bytes()
+    recorded = [json.loads(l) for l in open(work / "metrics.jsonl")][best]
+    assert result["predict"] and result["dev/accuracy"] == pytest.approx(recorded["dev/accuracy"])
+    logged = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert logged == [{"step": 0, **{k: v for k, v in result.items() if k.startswith("dev/")}}]
+    submission = (out / "predictions.tsv").read_text().splitlines()
+    assert submission[0] == "index\tprediction" and len(submission) == 11
+    assert not (out / "run_0").exists() and not (out / "best_model").exists()
+
+
+def test_checkpoints_without_this_head_are_refused(reference_run, tmp_path, minilm_dir):
+    work, _ = reference_run
+    # A 3-label task cannot use the 2-label head: named shapes, before any compile.
+    with pytest.raises(ValueError, match=r"classifier/dense/bias has shape \(2,\) in the "
+                                         r"checkpoint, the task.kind=glue model expects "
+                                         r"\(3,\) \(another number of labels\?\)"):
+        finetune.run(_predict_config(work / "best_model", DATA / "pairs",
+                                     labels=("0", "1", "2")), str(tmp_path / "a"),
+                     progress=False)
+    # A pre-trained encoder without any task head (the MiniLM HF directory).
+    c = _predict_config(minilm_dir, DATA / "pairs")
+    c.model.update(_base_model())  # the architecture comes from the checkpoint
+    with pytest.raises(ValueError, match=r"has no 'classifier' head .*pass a model "
+                                         r"fine-tuned on this task"):
+        finetune.run(c, str(tmp_path / "b"), progress=False)
+    assert not (tmp_path / "b" / "metrics.jsonl").exists()
+    # No checkpoint at all, and a pre-training run (its encoder has no task head).
+    c = _predict_config("", DATA / "pairs")
+    c.model.update(_base_model())
+    with pytest.raises(ValueError, match=r"train.do_train=False predicts with a fine-tuned "
+                                         r"model: set train.init_checkpoint"):
+        finetune.run(c, str(tmp_path / "c"), progress=False)
+    run = InitSource("/runs/pretrain", "workdir", BertConfig())
+    with pytest.raises(ValueError, match=r"/runs/pretrain is a pre-training run: it has no "
+                                         r"task.kind=glue head"):
+        check_task_params(run, None, BertConfig(), "task.kind=glue")
+
+
+def _base_model():
+    from bert_jax.tasks.registry import base_config
+
+    return dict(base_config().model)
