@@ -131,15 +131,21 @@ def load_encoder(source: InitSource, state, tx, shardings, abstract, scan_layers
         finally:
             ckpt.close()
     else:
-        flat = flax.traverse_util.flatten_dict(
-            flax.core.unfreeze(_numpy_encoder(source, scan_layers, num_layers)))
-        refs = flax.traverse_util.flatten_dict(abstract.params["bert"])
-        places = flax.traverse_util.flatten_dict(shardings.params["bert"])
-        # Every process holds the host copy; each builds only its addressable shards.
-        bert = flax.traverse_util.unflatten_dict({
-            k: jax.make_array_from_callback(
-                ref.shape, places[k], lambda idx, x=np.asarray(flat[k], ref.dtype): x[idx])
-            for k, ref in refs.items()})
+        bert = place_numpy(_numpy_encoder(source, scan_layers, num_layers),
+                           abstract.params["bert"], shardings.params["bert"])
     params = {**state.params, "bert": bert}
     opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
     return state.replace(params=params, opt_state=opt_state)
+
+
+def place_numpy(tree: Any, abstract: Any, shardings: Any) -> Any:
+    """A host numpy tree -> jax.Arrays of `abstract`'s shapes and dtypes on `shardings` (the
+    same tree structure). Every process holds the host copy; each builds only its
+    addressable shards."""
+    flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(tree))
+    refs = flax.traverse_util.flatten_dict(abstract)
+    places = flax.traverse_util.flatten_dict(shardings)
+    return flax.traverse_util.unflatten_dict({
+        k: jax.make_array_from_callback(
+            ref.shape, places[k], lambda idx, x=np.asarray(flat[k], ref.dtype): x[idx])
+        for k, ref in refs.items()})

@@ -21,12 +21,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-import flax
 import jax
-import numpy as np
 
 from bert_jax.models.params import stack_layers
-from bert_jax.tasks.init_checkpoint import InitSource, _flat_shapes
+from bert_jax.tasks.init_checkpoint import InitSource, _flat_shapes, place_numpy
 
 
 def _numpy_params(source: InitSource, scan_layers: bool, num_layers: int) -> dict:
@@ -72,20 +70,6 @@ def check_task_params(source: Optional[InitSource], abstract_params: Any, bert_c
                 + (" (another number of labels?)" if key.split("/")[0] != "bert" else ""))
 
 
-def place_task_params(source: InitSource, abstract_params: Any, shardings: Any,
-                      bert_config) -> Any:
-    """The checkpoint's numpy params, as the model's dtypes, on the mesh (each process builds
-    only its addressable shards)."""
-    flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(_numpy_params(
-        source, bert_config.scan_layers, bert_config.num_hidden_layers)))
-    refs = flax.traverse_util.flatten_dict(abstract_params)
-    places = flax.traverse_util.flatten_dict(shardings)
-    return flax.traverse_util.unflatten_dict({
-        k: jax.make_array_from_callback(
-            ref.shape, places[k], lambda idx, x=np.asarray(flat[k], ref.dtype): x[idx])
-        for k, ref in refs.items()})
-
-
 def predict(config, workdir: str, task, tokenizer, bert_config, source) -> dict:
     """Evaluates every eval set of `task` with `source`'s weights; returns
     {"predict": True, "<set>/<metric>": value, ...}."""
@@ -102,8 +86,9 @@ def predict(config, workdir: str, task, tokenizer, bert_config, source) -> dict:
     setup = MeshSetup.from_config(config, task, bert_config, seq_len)
     steps = setup.steps_for(config, float(config.schedule.lr), 1)  # the eval step only
     check_task_params(source, steps.abstract.params, bert_config, task_name)
-    params = place_task_params(source, steps.abstract.params, steps.shardings.params,
-                               bert_config)
+    params = place_numpy(_numpy_params(source, bert_config.scan_layers,
+                                       bert_config.num_hidden_layers),
+                         steps.abstract.params, steps.shardings.params)
     writer = metrics_lib.MetricWriter(workdir, tensorboard=bool(config.train.tensorboard))
     try:
         results = evaluate(setup, steps, params, eval_sets, config, workdir, writer, 0)
