@@ -355,9 +355,10 @@ def _check_label(label, n_endings: int, where: str) -> Optional[int]:
 
 def read_swag_csv(path: str, labeled: bool = True) -> list[ChoiceExample]:
     """SWAG as distributed (train.csv, val.csv, test.csv): a header naming sent1 (the
-    context), sent2 (the start of the next sentence), ending0, ending1, ... and label (not in
-    test.csv: labeled=False). guid: the leading unnamed index column (pandas') when present,
-    else the row's number from 0."""
+    context), sent2 (the start of the next sentence), ending0, ending1, ... and label.
+    labeled=True requires a label on every row; labeled=False (a test file) reads labels
+    only where a label column exists (SWAG's own test.csv has none). guid: the leading
+    unnamed index column (pandas') when present, else the row's number from 0."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"SWAG file not found: {path}")
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
@@ -374,7 +375,8 @@ def read_swag_csv(path: str, labeled: bool = True) -> list[ChoiceExample]:
             raise DataError(f"{path}: line 1: the header {header} lacks "
                             f"{missing or 'ending0, ending1, ...'} (expected SWAG's columns "
                             f"sent1, sent2, ending0..ending3" + (", label)" if labeled else ")"))
-        col = {c: header.index(c) for c in need + endings}
+        col = {c: header.index(c) for c in ["sent1", "sent2"] + endings}
+        label_col = header.index("label") if "label" in header else None
         id_col = header.index("") if "" in header else None
         out = []
         for row in reader:
@@ -385,7 +387,8 @@ def read_swag_csv(path: str, labeled: bool = True) -> list[ChoiceExample]:
                 raise DataError(f"{where}: {len(row)} columns, expected {len(header)} as in "
                                 f"the header")
             ends = tuple(row[col[c]] for c in endings)
-            label = _check_label(row[col["label"]], len(ends), where) if labeled else None
+            label = (_check_label(row[label_col], len(ends), where) if label_col is not None
+                     else None)
             if labeled and label is None:
                 raise DataError(f"{where}: empty label")
             guid = row[id_col] if id_col is not None else str(len(out))

@@ -98,20 +98,30 @@ class ChoiceTask:
 
     # --- data ------------------------------------------------------------------------
 
-    def read(self, split: str) -> list[ChoiceExample]:
+    def source(self, split: str) -> str:
+        """The file of `split` (checked to exist), or "tfds hellaswag:<split>" for HellaSwag
+        without files; a split with neither is a ValueError naming the key to set."""
         path = self.files[split]
         if not path:
             if self.name != "hellaswag" or any(self.files.values()):
                 raise ValueError(f"multiple-choice task {self.name!r} reads files: set "
                                  f"task.{split}_file"
                                  + (" (tfds has no SWAG)" if self.name == "swag" else ""))
+            return f"tfds hellaswag:{split}"
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"task.{split}_file={path}: no such file")
+        return path
+
+    def read(self, split: str) -> list[ChoiceExample]:
+        source = self.source(split)
+        if not self.files[split]:
             return readers.read_hellaswag_tfds(split, self.tfds_data_dir)
         if self.name == "swag":
-            return readers.read_swag_csv(path, labeled=split != "test")
-        return readers.read_choice_jsonl(path)
+            return readers.read_swag_csv(source, labeled=split != "test")
+        return readers.read_choice_jsonl(source)
 
     def _features(self, split: str, examples, tokenizer):
-        source = self.files[split] or f"tfds hellaswag:{split}"
+        source = self.source(split)
         key = cache_key(source=source, vocab=self.vocab_file, task=self.name,
                         max_seq_length=self.max_seq_length, n=len(examples))
         return cached_features(
@@ -119,12 +129,14 @@ class ChoiceTask:
             lambda: convert_examples(examples, tokenizer, self.max_seq_length, source))
 
     def train_features(self, tokenizer):
+        # Every file the run reads, before the (long) tokenisation of the training set.
+        for split in ("train", "dev") + (("test",) if self.files["test"] else ()):
+            self.source(split)
         examples = self.read("train")
         unlabeled = [e.guid for e in examples if e.label is None]
         if unlabeled:
-            raise DataError(f"{self.files['train'] or 'tfds hellaswag:train'}: "
-                            f"{len(unlabeled)} training questions have no label "
-                            f"(first: {unlabeled[0]})")
+            raise DataError(f"{self.source('train')}: {len(unlabeled)} training questions "
+                            f"have no label (first: {unlabeled[0]})")
         return self._features("train", examples, tokenizer)
 
     def eval_sets(self, tokenizer) -> list[EvalSet]:
@@ -135,8 +147,8 @@ class ChoiceTask:
             examples = self.read(split)
             labeled = all(e.label is not None for e in examples)
             if split == "dev" and not labeled:
-                raise DataError(f"{self.files['dev'] or 'tfds hellaswag:dev'}: the dev set "
-                                f"picks the best run and needs a label on every question")
+                raise DataError(f"{self.source('dev')}: the dev set picks the best run and "
+                                f"needs a label on every question")
             sets.append(EvalSet(split, self._features(split, examples, tokenizer), examples,
                                 labeled))
         return sets
@@ -181,4 +193,3 @@ class ChoiceTask:
                                   + [f"{x:.6f}" for x in p]) + "\n")
         os.replace(path + ".tmp", path)
         return [path]
-

@@ -10,7 +10,7 @@ included (google-research/bert's `--do_train=false --do_predict=true`, transform
 holding this task's head), or a Hugging Face directory of this task's model
 (BertForSequenceClassification / TokenClassification / QuestionAnswering / MultipleChoice:
 labels in the order of the task's `labels`). Every tensor the task model needs, head
-included, must be there with the model's shape (checked before anything is compiled; a
+included, must be there with the model's shape (checked before any data is read; a
 pre-training checkpoint has no task head and is refused). No training data is read.
 
 Writes, in WORKDIR (process 0): every eval set's prediction files (as a training run's), and
@@ -34,10 +34,9 @@ def _numpy_params(source: InitSource, scan_layers: bool, num_layers: int) -> dic
     return params
 
 
-def check_task_params(source: Optional[InitSource], abstract_params: Any, bert_config,
-                      task_name: str, random_init: bool = False) -> None:
-    """Every tensor of the task model (`abstract_params`: ShapeDtypeStructs) is in `source`
-    with the same shape; else a ValueError naming the head or key and both shapes."""
+def require_task_checkpoint(source: Optional[InitSource], task_name: str,
+                            random_init: bool = False) -> None:
+    """A checkpoint that may hold a task head: not none, not a pre-training run."""
     if source is None:
         raise ValueError(
             "train.do_train=False predicts with a fine-tuned model: set train.init_checkpoint "
@@ -48,6 +47,13 @@ def check_task_params(source: Optional[InitSource], abstract_params: Any, bert_c
             f"train.init_checkpoint={source.path} is a pre-training run: it has no {task_name} "
             f"head to predict with (train.do_train=False); fine-tune it first and pass that "
             f"run's best_model/")
+
+
+def check_task_params(source: InitSource, abstract_params: Any, bert_config,
+                      task_name: str) -> None:
+    """Every tensor of the task model (`abstract_params`: ShapeDtypeStructs) is in `source`
+    with the same shape; else a ValueError naming the head or key and both shapes."""
+    require_task_checkpoint(source, task_name)
     got = _flat_shapes(_numpy_params(source, bert_config.scan_layers,
                                      bert_config.num_hidden_layers))
     want = _flat_shapes(abstract_params)
@@ -77,15 +83,15 @@ def predict(config, workdir: str, task, tokenizer, bert_config, source) -> dict:
     from bert_jax.train import metrics as metrics_lib
 
     task_name = f"task.kind={config.task.kind}"
-    if source is None or source.kind == "workdir":  # before reading any data
-        check_task_params(source, None, bert_config, task_name, bool(config.train.random_init))
+    require_task_checkpoint(source, task_name, bool(config.train.random_init))
+    # The params' shapes do not depend on the sequence length: the checkpoint is checked
+    # before any eval data is read or tokenised.
+    setup = MeshSetup.from_config(config, task, bert_config, int(config.task.max_seq_length))
+    steps = setup.steps_for(config, float(config.schedule.lr), 1)  # the eval step only
+    check_task_params(source, steps.abstract.params, bert_config, task_name)
     eval_sets = task.eval_sets(tokenizer)
     if not eval_sets:
         raise ValueError("train.do_train=False: the task has no eval set to predict")
-    seq_len = int(eval_sets[0].features["input_ids"].shape[-1])
-    setup = MeshSetup.from_config(config, task, bert_config, seq_len)
-    steps = setup.steps_for(config, float(config.schedule.lr), 1)  # the eval step only
-    check_task_params(source, steps.abstract.params, bert_config, task_name)
     params = place_numpy(_numpy_params(source, bert_config.scan_layers,
                                        bert_config.num_hidden_layers),
                          steps.abstract.params, steps.shardings.params)

@@ -7,8 +7,9 @@ configs/glue.py, configs/squad.py, configs/ner.py and configs/swag.py start from
     train       init_checkpoint (model dir, HF dir, pre-training workdir, or its
                 checkpoints/<step>), random_init (control run: same architecture, fresh
                 weights), do_train (False: only evaluate / predict with the fine-tuned
-                model of init_checkpoint, its task head included; see tasks/predict.py), batch_size 32, accum_steps (gradient accumulation: batch_size stays
-                the batch of one update, split into accum_steps micro-batches scanned in the
+                model of init_checkpoint, its task head included; see tasks/predict.py),
+                batch_size 32, accum_steps (gradient accumulation: batch_size stays the
+                batch of one update, split into accum_steps micro-batches scanned in the
                 step), eval_batch_size, num_epochs 3, max_steps (-1: from epochs),
                 num_restarts, seed, log_every, save_best_model (workdir/best_model as a model
                 directory), tensorboard (per-run events)

@@ -62,6 +62,8 @@ def test_read_swag_csv(tmp_path):
     test = _swag(tmp_path / "test.csv", [[0, "v", 1, "x", "s1", "s2", "g", "a", "b", "c", "d"]],
                  SWAG_HEADER[:-1])
     assert readers.read_swag_csv(test, labeled=False)[0].label is None
+    # A test file with labels (e.g. val.csv predicted as a test set) keeps them.
+    assert [e.label for e in readers.read_swag_csv(path, labeled=False)] == [2, 0]
     with pytest.raises(DataError, match=r"test.csv: line 1: .*lacks \['label'\]"):
         readers.read_swag_csv(test)
 
@@ -186,6 +188,12 @@ def test_task_needs_its_files(tok):
         choice.ChoiceTask("jsonl", train_file="t.jsonl").eval_sets(tok)
     with pytest.raises(ValueError, match=r"'hellaswag' reads files: set task.train_file"):
         choice.ChoiceTask("hellaswag", dev_file="d.jsonl").train_features(tok)
+    # A missing dev or test file is named before the training set is read and tokenised.
+    train = str(DATA / "choice" / "train.csv")
+    with pytest.raises(FileNotFoundError, match=r"task.dev_file=nope/val.csv: no such file"):
+        choice.ChoiceTask("swag", train, "nope/val.csv").train_features(tok)
+    with pytest.raises(FileNotFoundError, match=r"task.test_file=nope/test.csv: no such file"):
+        choice.ChoiceTask("swag", train, train, "nope/test.csv").train_features(tok)
     with pytest.raises(ValueError, match=r"unknown multiple-choice task 'race'"):
         choice.ChoiceTask("race")
     with pytest.raises(ValueError, match=r"configs/swag.py:race: unknown format"):
@@ -206,7 +214,7 @@ def test_finetune_swag_csv_tiny_model(tmp_path, compile_cache):
     """configs/swag.py on the authored SWAG-format set (tests/tasks/data/choice): a tiny
     random BERT, 6 steps; the dev predictions cover every question in order with
     probabilities that sum to 1, the run's accuracy is computed from them, and val.csv is
-    also predicted as an unlabelled test file."""
+    also predicted (and, having labels, scored) as a test file."""
     c = load_config("configs/swag.py", {
         "task.train_file": str(DATA / "choice" / "train.csv"),
         "task.dev_file": str(DATA / "choice" / "val.csv"),
@@ -234,6 +242,8 @@ def test_finetune_swag_csv_tiny_model(tmp_path, compile_cache):
     assert summary["dev/accuracy_mean"] == pytest.approx(accuracy)
     assert (run / "choice_predictions-test.tsv").read_text() == \
         (run / "choice_predictions-dev.tsv").read_text()
+    # val.csv as the test file has its labels: scored too, the same accuracy as dev.
+    assert summary["test/accuracy_mean"] == pytest.approx(accuracy)
     assert (tmp_path / "work" / "best_model" / "bert_config.json").exists()
     assert len(list((tmp_path / "cache").glob("choice-swag-*.tfrecord"))) == 3
     # The cached [N, 4, 40] features read back as built.

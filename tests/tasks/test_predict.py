@@ -60,8 +60,9 @@ def test_checkpoints_without_this_head_are_refused(reference_run, tmp_path, mini
         finetune.run(_predict_config(work / "best_model", DATA / "pairs",
                                      labels=("0", "1", "2")), str(tmp_path / "a"),
                      progress=False)
-    # A pre-trained encoder without any task head (the MiniLM HF directory).
-    c = _predict_config(minilm_dir, DATA / "pairs")
+    # A pre-trained encoder without any task head (the MiniLM HF directory); refused before
+    # any eval data is read (the data directory does not even exist).
+    c = _predict_config(minilm_dir, tmp_path / "no_data")
     c.model.update(_base_model())  # the architecture comes from the checkpoint
     with pytest.raises(ValueError, match=r"has no 'classifier' head .*pass a model "
                                          r"fine-tuned on this task"):
