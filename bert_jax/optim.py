@@ -8,7 +8,9 @@
     layer-wise trust ratio (`lamb` below);
   * learning rate: linear warmup, then polynomial (power 1 = the paper's linear) or cosine
     decay to `schedule.end_lr`;
-  * gradients clipped to global norm `optimizer.clip_norm` (1.0 as the original) first.
+  * gradients clipped to global norm `optimizer.clip_norm` (1.0 as the original) first;
+  * optionally, layer-wise learning-rate decay for fine-tuning (`optimizer.layer_decay`,
+    `with_layer_decay`): lower layers move less than the top ones.
 
 Gradient accumulation is not an optax wrapper here: `train/step.py` scans over
 micro-batches inside the jitted step and hands one summed gradient to this optimizer, which
@@ -20,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import numpy as np
 import optax
 
 OPTIMIZERS = ("adamw", "lamb")
@@ -113,10 +116,113 @@ def lamb(learning_rate, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6
     )
 
 
+def _encoder_layer(names: tuple[str, ...]):
+    """Where a parameter sits in the layer stack: i for `.../encoder/layer_<i>/...`,
+    "scanned" for `.../encoder/layers/...` (nn.scan), None elsewhere."""
+    if "encoder" not in names:
+        return None
+    below = names[names.index("encoder") + 1:]
+    if below and below[0].startswith("layer_") and below[0][6:].isdigit():
+        return int(below[0][6:])
+    if below and below[0] == "layers":
+        return "scanned"
+    return None
+
+
+def layer_depths(params: Any) -> tuple[Any, int]:
+    """(tree like `params` of depths, number of encoder layers L) for layer-wise decay.
+
+    A leaf's depth is 0 for the embeddings (`.../embeddings/...`), i + 1 for encoder layer i
+    (`.../encoder/layer_<i>/...`; under `nn.scan`, `.../encoder/layers/...` leaves get the
+    numpy vector 1..L along their leading [layers] axis) and L + 1 for everything above the
+    layer stack: the pooler, a pre-LN encoder's final LayerNorm and every head. L counts the
+    layers found; a tree with no encoder layers is an error."""
+    found: set[int] = set()
+    scanned: set[int] = set()
+
+    def visit(path, leaf):
+        where = _encoder_layer(_path_names(path))
+        if where == "scanned":
+            scanned.add(int(jax.numpy.shape(leaf)[0]))
+        elif where is not None:
+            found.add(where)
+
+    jax.tree_util.tree_map_with_path(visit, params)
+    if (found and scanned) or len(scanned) > 1:
+        raise ValueError("optimizer.layer_decay: the params mix encoder layer layouts "
+                         f"(layer_<i>: {sorted(found)}, scanned lengths: {sorted(scanned)})")
+    if found and found != set(range(len(found))):
+        raise ValueError("optimizer.layer_decay: encoder layers are not numbered 0..L-1 "
+                         f"(found layer_{sorted(found)})")
+    num_layers = len(found) or (scanned.pop() if scanned else 0)
+    if not num_layers:
+        raise ValueError("optimizer.layer_decay < 1 needs a BERT encoder in the params "
+                         "(`.../encoder/layer_<i>/...` or a scanned `.../encoder/layers/...`); "
+                         "none was found")
+
+    def depth(path, leaf):
+        names = _path_names(path)
+        where = _encoder_layer(names)
+        if where == "scanned":
+            return np.arange(1, num_layers + 1)
+        if where is not None:
+            return where + 1
+        return 0 if "embeddings" in names else num_layers + 1
+
+    return jax.tree_util.tree_map_with_path(depth, params), num_layers
+
+
+def layer_decay_factors(decay: float, params: Any) -> Any:
+    """Tree like `params` of the update factors decay ** (L + 1 - depth) (`layer_depths`):
+    1 for the heads and pooler, decay for the top encoder layer, decay ** (L - i) for layer
+    i, decay ** (L + 1) for the embeddings: numpy float32 constants (a [L, 1, ...] array
+    for a scanned leaf), folded into the compiled step."""
+    depths, num_layers = layer_depths(params)
+
+    def factor(d, leaf):
+        f = np.float32(decay) ** (num_layers + 1 - np.asarray(d))
+        if f.ndim:  # a scanned leaf: one factor per layer
+            f = f.reshape(f.shape + (1,) * (len(jax.numpy.shape(leaf)) - 1))
+        return f.astype(np.float32)
+
+    return jax.tree_util.tree_map(factor, depths, params)
+
+
+def with_layer_decay(inner: optax.GradientTransformation,
+                     decay: float) -> optax.GradientTransformation:
+    """`inner` with layer-wise learning-rate decay (as BEiT and DeBERTa-v3 fine-tune;
+    ELECTRA's variant puts the top layer two factors below the head): every update of
+    `inner` is multiplied by `layer_decay_factors`, so the heads and pooler take the full
+    learning rate, encoder layer i of L decay ** (L - i) times it and the embeddings
+    decay ** (L + 1) times it. Applied to the final update, after the learning rate, it
+    scales the whole step, decoupled weight decay and LAMB's trust-ratio step included,
+    exactly as a per-layer learning rate would. The optimizer state is `inner`'s own, so a
+    run may resume with another layer_decay. decay = 1 returns `inner` unchanged."""
+    decay = float(decay)
+    if not 0.0 < decay <= 1.0:
+        raise ValueError(f"config.optimizer.layer_decay={decay}; expected 0 < layer_decay <= 1 "
+                         "(1: off)")
+    if decay == 1.0:
+        return inner
+
+    def update(updates, state, params=None):
+        updates, state = inner.update(updates, state, params)
+        factors = layer_decay_factors(decay, updates)
+        return jax.tree_util.tree_map(lambda u, f: (u * f).astype(u.dtype), updates,
+                                      factors), state
+
+    def init(params):
+        layer_depths(params)  # a tree without encoder layers fails here, before compiling
+        return inner.init(params)
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(optimizer, schedule, total_steps: int) -> optax.GradientTransformation:
     """optax transformation from the config's `optimizer` and `schedule` sections.
 
-    optimizer.name: adamw | lamb; b1, b2, eps, weight_decay; clip_norm (<= 0: no clipping).
+    optimizer.name: adamw | lamb; b1, b2, eps, weight_decay; clip_norm (<= 0: no clipping);
+    layer_decay (1: off; < 1: `with_layer_decay`, for fine-tuning).
     adamw is `optax.adamw` (bias-corrected, decoupled decay masked by `decay_mask`); lamb
     is `lamb` above (decay and trust ratio masked by `decay_mask`).
     """
@@ -127,6 +233,7 @@ def make_optimizer(optimizer, schedule, total_steps: int) -> optax.GradientTrans
     kwargs = dict(b1=float(optimizer.b1), b2=float(optimizer.b2), eps=float(optimizer.eps),
                   weight_decay=float(optimizer.weight_decay), mask=decay_mask)
     core = optax.adamw(lr, **kwargs) if name == "adamw" else lamb(lr, **kwargs)
+    core = with_layer_decay(core, optimizer.get("layer_decay", 1.0))
     clip = float(optimizer.get("clip_norm", 1.0))
     if clip > 0:
         return optax.chain(optax.clip_by_global_norm(clip), core)

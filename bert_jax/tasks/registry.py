@@ -14,7 +14,7 @@ configs/glue.py, configs/squad.py, configs/ner.py and configs/swag.py start from
                 num_restarts, seed, log_every, save_best_model (workdir/best_model as a model
                 directory), tensorboard (per-run events)
     optimizer   bert_jax.optim: adamw, b1 0.9, b2 0.999, eps 1e-6, weight_decay 0.01,
-                clip_norm 1.0
+                clip_norm 1.0, layer_decay 1.0 (< 1: layer-wise learning-rate decay)
     schedule    lr (peak), lr_grid (optional sweep, e.g. (5e-5, 3e-5, 2e-5)), warmup_ratio 0.1
                 (or warmup_steps >= 0), linear decay to end_lr 0
     model_overrides  BertConfig fields changed on top of the checkpoint's config: dropout
@@ -34,7 +34,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from bert_jax.models.config import model_config
-from bert_jax.train.config import checkpoint_config, mesh_config
+from bert_jax.train.config import checkpoint_config, mesh_config, optimizer_config
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -44,8 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
         init_checkpoint="", random_init=False, do_train=True, batch_size=32, accum_steps=1,
         eval_batch_size=64, num_epochs=3.0, max_steps=-1, num_restarts=1, seed=0,
         log_every=10, save_best_model=True, tensorboard=True))
-    c.optimizer = ml_collections.ConfigDict(dict(
-        name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))
+    c.optimizer = optimizer_config()
     c.schedule = ml_collections.ConfigDict(dict(
         lr=2e-5, lr_grid=(), warmup_ratio=0.1, warmup_steps=-1, decay="linear", end_lr=0.0))
     # Run-time options on top of the checkpoint's config; a placeholder left at None keeps

@@ -1,6 +1,6 @@
 """The non-model sections of a run config, with the paper's defaults.
 
-    config.optimizer   name (adamw | lamb), b1, b2, eps, weight_decay, clip_norm
+    config.optimizer   name (adamw | lamb), b1, b2, eps, weight_decay, clip_norm, layer_decay
     config.schedule    lr, warmup_steps, decay (linear | polynomial | cosine | constant),
                        power, end_lr, total_steps (-1: train.steps; set it larger to decay
                        over two phases)
@@ -29,7 +29,8 @@ from bert_jax.sharding import DEFAULT_RULES
 
 def optimizer_config(**overrides) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(dict(
-        name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0))
+        name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0,
+        layer_decay=1.0))
     c.update(overrides)
     return c
 

@@ -1,0 +1,125 @@
+r"""The trainer's step compiled under several sets of XLA compiler options, alternated step
+by step in one process: which options make this machine's step faster.
+
+    python benchmarks/compiler_options.py --config=configs/bert_base.py --batch=8 --seq=128 \
+        --variant='ynn_dot_only:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT' \
+        --variant='no_ynn:xla_cpu_experimental_ynn_fusion_type='
+    python benchmarks/compiler_options.py --config=configs/bert_base.py --dtype=bfloat16 \
+        --batch=64 --variant='no_triton_gemm:xla_gpu_enable_triton_gemm=false'
+
+Each --variant is NAME:KEY=VALUE[;KEY=VALUE...] (DebugOptions fields, as XLA_FLAGS spells
+them without the leading dashes; true / false / integers are converted). The step is
+lowered once (`benchmarks/pretrain_step.py`, as launch/train.py builds it) and compiled for
+the default options and for every variant; then every round runs one step of each, in
+turn, on the same state, and the script prints per variant the median and best step time,
+its ratio to the default's median, and the loss of its steps (the numbers differ with the
+data order only, unless an option changes the arithmetic). Taking one variant's step
+after another's on the shared state keeps machine noise out of the ratios, which separate
+runs of this 2-core VM do not (up to 15%).
+
+Measured on the 2-core development VM (2026-11-22, jax 0.10.2, BERT-Base, batch 8 x 128,
+float32, 4-5 rounds): XLA:CPU routes the matrix products through YNNPACK (`__ynn_fusion`
+in the compiled HLO, 684 of them in the step). Taking dots away from it was slower:
+Eigen only (`xla_cpu_experimental_ynn_fusion_type=`) 1.24x, XNNPACK dots 1.11x, oneDNN
+dots 1.13x (`xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT`, each with
+YNN off), `xla_cpu_use_onednn` 0.97-1.07x, and the sequential scheduler
+(`xla_cpu_enable_concurrency_optimized_scheduler=false`) 1.09x; all other differences were
+within the VM's noise (3-6% between rounds).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+FLAGS = flags.FLAGS
+config_flags.DEFINE_config_file("config", None, "Run config (model section used).")
+flags.DEFINE_integer("batch", 8, "Global batch size.")
+flags.DEFINE_integer("seq", 128, "Sequence length.")
+flags.DEFINE_integer("rounds", 4, "Timed rounds (one step of every variant each).")
+flags.DEFINE_string("dtype", "float32", "Compute dtype (params stay float32).")
+flags.DEFINE_multi_string("variant", [], "NAME:KEY=VALUE[;KEY=VALUE...]")
+flags.mark_flags_as_required(["config"])
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    """'name:key=value;key=value' -> (name, {key: value}); true/false/ints converted."""
+    name, sep, rest = text.partition(":")
+    if not sep or not name:
+        raise ValueError(f"--variant={text!r}: expected NAME:KEY=VALUE[;KEY=VALUE...]")
+    options = {}
+    for item in filter(None, rest.split(";")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"--variant={text!r}: {item!r} is not KEY=VALUE")
+        key = key.strip().lstrip("-")
+        low = value.strip().lower()
+        if low in ("true", "false"):
+            options[key] = low == "true"
+        elif low.lstrip("-").isdigit():
+            options[key] = int(low)
+        else:
+            options[key] = value.strip()
+    return name, options
+
+
+def main(argv):
+    del argv
+    import jax
+
+    from bert_jax.train.config import add_training_sections
+    from pretrain_step import build
+
+    variants = dict(parse_variant(v) for v in FLAGS.variant)
+    if "default" in variants:
+        raise ValueError("--variant: the name 'default' is the step without options")
+    config = FLAGS.config
+    with config.unlocked():
+        config.model.dtype = FLAGS.dtype
+        if "optimizer" not in config:
+            add_training_sections(config)
+    built = build(config, FLAGS.batch, FLAGS.seq, max(1, int(round(0.15 * FLAGS.seq))))
+    compiled = {"default": built["compiled"]}
+    print(f"default: compiled in {built['compile_s']:.1f} s")
+    for name, options in variants.items():
+        t = time.perf_counter()
+        try:
+            compiled[name] = built["lowered"].compile(compiler_options=options)
+        except Exception as e:  # an unknown option or value: say which, go on
+            print(f"{name}: {options} not compiled: {str(e).splitlines()[0][:300]}")
+            continue
+        print(f"{name}: {options}, compiled in {time.perf_counter() - t:.1f} s")
+    state, batches, rng = built["state"], built["batches"], built["rng"]
+    times = {name: [] for name in compiled}
+    losses = {name: [] for name in compiled}
+    for r in range(FLAGS.rounds + 1):  # round 0 warms every executable up, untimed
+        for i, (name, fn) in enumerate(compiled.items()):
+            time.sleep(0.2)
+            t = time.perf_counter()
+            state, m = fn(state, batches[(r * len(compiled) + i) % 2], rng)
+            loss = float(jax.block_until_ready(m)["train/loss"])
+            if r:
+                times[name].append(time.perf_counter() - t)
+                losses[name].append(loss)
+    base = statistics.median(times["default"])
+    print(f"\n{jax.device_count()} x {jax.devices()[0].device_kind}, batch {FLAGS.batch} x "
+          f"{FLAGS.seq}, {FLAGS.dtype}, {FLAGS.rounds} rounds; load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print(f"{'variant':>16} {'median s':>9} {'best s':>8} {'ratio':>6}  losses")
+    for name in compiled:
+        med = statistics.median(times[name])
+        print(f"{name:>16} {med:9.3f} {min(times[name]):8.3f} {med / base:6.3f}  "
+              + " ".join(f"{x:.4f}" for x in losses[name]))
+
+
+if __name__ == "__main__":
+    app.run(main)
