@@ -18,13 +18,17 @@ after another's on the shared state keeps machine noise out of the ratios, which
 runs of this 2-core VM do not (up to 15%).
 
 Measured on the 2-core development VM (2026-11-22, jax 0.10.2, BERT-Base, batch 8 x 128,
-float32, 4-5 rounds): XLA:CPU routes the matrix products through YNNPACK (`__ynn_fusion`
-in the compiled HLO, 684 of them in the step). Taking dots away from it was slower:
-Eigen only (`xla_cpu_experimental_ynn_fusion_type=`) 1.24x, XNNPACK dots 1.11x, oneDNN
-dots 1.13x (`xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT`, each with
-YNN off), `xla_cpu_use_onednn` 0.97-1.07x, and the sequential scheduler
-(`xla_cpu_enable_concurrency_optimized_scheduler=false`) 1.09x; all other differences were
-within the VM's noise (3-6% between rounds).
+float32, 3-4 rounds; ratios of medians to the default's): XLA:CPU runs the matrix
+products as YNNPACK fusions (`__ynn_fusion` in the compiled HLO, 684 in the step), and
+every other dot backend was slower: Eigen alone (`xla_cpu_experimental_ynn_fusion_type=`)
+1.24x, XNNPACK dots (`xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT`, YNN
+off) 1.11x, oneDNN dots (`xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT`,
+YNN off) 1.13x, oneDNN custom calls (`xla_cpu_use_onednn=true;
+xla_cpu_experimental_onednn_custom_call=true`, YNN off) 1.07x. Within the rounds' spread
+(up to 10% on this VM), so not told apart from the default: `xla_cpu_use_onednn=true`
+alone 0.97x, YNN for dots only 0.98-0.99x, the sequential scheduler
+(`xla_cpu_enable_concurrency_optimized_scheduler=false`) 1.09x, single-threaded Eigen
+(`xla_cpu_multi_thread_eigen=false`) 1.08x.
 """
 
 from __future__ import annotations

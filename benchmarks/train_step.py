@@ -22,6 +22,14 @@ Shape by shape on one core (`benchmarks/gemm_shapes.py`), XLA:CPU's products of 
 layer take 1.44x MKL's time (6.75 against 4.70 s per 12-layer step). Against KerasHub's
 BertMaskedLM on the same XLA:CPU (`benchmarks/anchor_kerashub.py --interleave`, MLM only),
 our MLM + NSP step took 0.73x and 0.88x its time in two runs (6.29 / 8.58 s, 7.31 / 8.28 s).
+
+2026-11-22, jax 0.10.2: `anchor_torch.py --interleave` gave ours / torch = 7.17 / 5.65 s
+(1.27x) and 8.04 / 8.31 s (0.97x) in two runs, the VM's speed itself varying by half. A
+`jax.profiler` trace of a 5.3 s step puts 4.2 s in XLA:CPU's YNNPACK dot fusions: 440
+GFLOP at 104 GFLOP/s, where the same products compiled alone reach ~155 GFLOP/s (the nine
+Q / K / V products of one layer, forward and backward: 70 ms; one fused [768, 2304]
+product instead: 1.06x that). XLA's other dot backends were slower still
+(`benchmarks/compiler_options.py`).
 """
 
 from __future__ import annotations
