@@ -75,13 +75,13 @@ def main(argv):
         return
     from bert_jax.train import loop
 
-    after_save = None
-    if FLAGS.debug_kill_after_step is not None:
-        def after_save(step):
-            if step == FLAGS.debug_kill_after_step:
-                import signal
+    def kill_after(step):
+        if step == FLAGS.debug_kill_after_step:
+            import signal
 
-                os.kill(os.getpid(), signal.SIGKILL)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    after_save = kill_after if FLAGS.debug_kill_after_step is not None else None
     loop.train(FLAGS.config, FLAGS.workdir, after_save=after_save)
 
 
