@@ -188,6 +188,24 @@ def layer_decay_factors(decay: float, params: Any) -> Any:
     return jax.tree_util.tree_map(factor, depths, params)
 
 
+def _checked_layer_decay(decay) -> float:
+    decay = float(decay)
+    if not 0.0 < decay <= 1.0:
+        raise ValueError(f"config.optimizer.layer_decay={decay}; expected 0 < layer_decay <= 1 "
+                         "(1: off)")
+    return decay
+
+
+def check_optimizer(optimizer) -> None:
+    """Refuses what `make_optimizer` would refuse in the config's `optimizer` section
+    (name, layer_decay) without building anything: fine-tuning calls it before it reads
+    and tokenizes any data."""
+    if optimizer.name not in OPTIMIZERS:
+        raise ValueError(f"config.optimizer.name={optimizer.name!r}; expected one of "
+                         f"{OPTIMIZERS}")
+    _checked_layer_decay(optimizer.get("layer_decay", 1.0))
+
+
 def with_layer_decay(inner: optax.GradientTransformation,
                      decay: float) -> optax.GradientTransformation:
     """`inner` with layer-wise learning-rate decay (as BEiT and DeBERTa-v3 fine-tune;
@@ -198,10 +216,7 @@ def with_layer_decay(inner: optax.GradientTransformation,
     scales the whole step, decoupled weight decay and LAMB's trust-ratio step included,
     exactly as a per-layer learning rate would. The optimizer state is `inner`'s own, so a
     run may resume with another layer_decay. decay = 1 returns `inner` unchanged."""
-    decay = float(decay)
-    if not 0.0 < decay <= 1.0:
-        raise ValueError(f"config.optimizer.layer_decay={decay}; expected 0 < layer_decay <= 1 "
-                         "(1: off)")
+    decay = _checked_layer_decay(decay)
     if decay == 1.0:
         return inner
 
@@ -226,9 +241,8 @@ def make_optimizer(optimizer, schedule, total_steps: int) -> optax.GradientTrans
     adamw is `optax.adamw` (bias-corrected, decoupled decay masked by `decay_mask`); lamb
     is `lamb` above (decay and trust ratio masked by `decay_mask`).
     """
+    check_optimizer(optimizer)
     name = optimizer.name
-    if name not in OPTIMIZERS:
-        raise ValueError(f"config.optimizer.name={name!r}; expected one of {OPTIMIZERS}")
     lr = make_schedule(schedule, total_steps)
     kwargs = dict(b1=float(optimizer.b1), b2=float(optimizer.b2), eps=float(optimizer.eps),
                   weight_decay=float(optimizer.weight_decay), mask=decay_mask)

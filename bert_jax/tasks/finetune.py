@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from absl import logging
 
-from bert_jax import paths
+from bert_jax import optim, paths
 from bert_jax.data.tasks_input import num_rows
 from bert_jax.tasks import metrics as metrics_lib
 from bert_jax.tasks.finetune_run import MeshSetup, train_and_evaluate
@@ -148,6 +148,7 @@ def run(config, workdir: str, progress: bool = True,
             f"checkpoints, best_model/) with local file operations; use a local or mounted "
             f"directory (the init_checkpoint and data may be in a bucket) and copy "
             f"best_model/ to the bucket afterwards")
+    optim.check_optimizer(config.optimizer)  # before any data is read
     is_main = jax.process_index() == 0
     os.makedirs(workdir, exist_ok=True)
     bert_config, source, vocab = model_and_init(config)

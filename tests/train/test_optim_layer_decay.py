@@ -157,3 +157,15 @@ def test_the_key_exists_in_every_task_config():
         config = load_config(spec, {"optimizer.layer_decay": 0.8})
         assert config.optimizer.layer_decay == 0.8, spec
     assert load_config("configs/bert_tiny.py").optimizer.layer_decay == 1.0
+
+
+def test_finetune_refuses_a_bad_value_before_reading_any_data(tmp_path):
+    from bert_jax.tasks import finetune
+    from tests.tasks.finetune_common import tiny_pairs_config
+
+    config = tiny_pairs_config()
+    config.task.data_dir = str(tmp_path / "no_such_dir")  # never reached
+    config.optimizer.layer_decay = 1.5
+    with pytest.raises(ValueError, match=r"config.optimizer.layer_decay=1.5; expected"):
+        finetune.run(config, str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
