@@ -43,16 +43,12 @@ if __package__ in (None, ""):
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from pretrain_step import build, define_step_flags, step_config  # noqa: E402
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Run config (model section used).")
-flags.DEFINE_integer("batch", 8, "Global batch size.")
-flags.DEFINE_integer("seq", 128, "Sequence length.")
+define_step_flags()
 flags.DEFINE_integer("rounds", 4, "Timed rounds (one step of every variant each).")
-flags.DEFINE_string("dtype", "float32", "Compute dtype (params stay float32).")
 flags.DEFINE_multi_string("variant", [], "NAME:KEY=VALUE[;KEY=VALUE...]")
-flags.mark_flags_as_required(["config"])
 
 
 def parse_variant(text: str) -> tuple[str, dict]:
@@ -80,17 +76,10 @@ def main(argv):
     del argv
     import jax
 
-    from bert_jax.train.config import add_training_sections
-    from pretrain_step import build
-
     variants = dict(parse_variant(v) for v in FLAGS.variant)
     if "default" in variants:
         raise ValueError("--variant: the name 'default' is the step without options")
-    config = FLAGS.config
-    with config.unlocked():
-        config.model.dtype = FLAGS.dtype
-        if "optimizer" not in config:
-            add_training_sections(config)
+    config = step_config(FLAGS.config, FLAGS.dtype)
     built = build(config, FLAGS.batch, FLAGS.seq, max(1, int(round(0.15 * FLAGS.seq))))
     compiled = {"default": built["compiled"]}
     print(f"default: compiled in {built['compile_s']:.1f} s")

@@ -1,9 +1,34 @@
 """The trainer's jitted, sharded pre-training step on synthetic batches, as the benchmarks
-build it (train_step.py; anchor_torch.py and anchor_kerashub.py --interleave). Not a script."""
+build it (train_step.py, compiler_options.py; anchor_torch.py and anchor_kerashub.py
+--interleave), and the flags and config handling the step scripts share. Not a script."""
 
 from __future__ import annotations
 
 import time
+
+
+def define_step_flags() -> None:
+    """The absl flags of a step benchmark: --config (required), --batch, --seq, --dtype."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "Run config (model section used).")
+    flags.DEFINE_integer("batch", 8, "Global batch size.")
+    flags.DEFINE_integer("seq", 128, "Sequence length.")
+    flags.DEFINE_string("dtype", "float32", "Compute dtype (params stay float32).")
+    flags.mark_flags_as_required(["config"])
+
+
+def step_config(config, dtype: str):
+    """`config` (the --config flag's) with model.dtype = dtype and the training sections'
+    defaults added when the file has none (a model-only config). Returns it."""
+    from bert_jax.train.config import add_training_sections
+
+    with config.unlocked():
+        config.model.dtype = dtype
+        if "optimizer" not in config:
+            add_training_sections(config)
+    return config
 
 
 def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: bool = True):

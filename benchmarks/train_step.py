@@ -44,22 +44,18 @@ if __package__ in (None, ""):
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from pretrain_step import build, define_step_flags, step_config  # noqa: E402
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Run config (model section used).")
-flags.DEFINE_integer("batch", 8, "Global batch size.")
-flags.DEFINE_integer("seq", 128, "Sequence length.")
+define_step_flags()
 flags.DEFINE_integer("predictions", None, "MLM slots per example (default: 0.15 * seq).")
 flags.DEFINE_integer("steps", 5, "Timed steps (median reported).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps after compile.")
 flags.DEFINE_integer("accum", 1, "Micro-batches per step.")
 flags.DEFINE_string("optimizer", "adamw", "adamw | lamb")
-flags.DEFINE_string("dtype", "float32", "Compute dtype (params stay float32).")
 flags.DEFINE_bool("dropout", True, "Dropout on (as in training).")
 flags.DEFINE_string("dropout_rng", None,
                     "hash | jax: dropout mask generator (default: the config's model.dropout_rng).")
-flags.mark_flags_as_required(["config"])
 
 
 def main(argv):
@@ -68,16 +64,11 @@ def main(argv):
     import numpy as np
 
     from bert_jax.train import metrics as metrics_lib
-    from bert_jax.train.config import add_training_sections
-    from pretrain_step import build
 
-    config = FLAGS.config
+    config = step_config(FLAGS.config, FLAGS.dtype)
     with config.unlocked():
-        config.model.dtype = FLAGS.dtype
         if FLAGS.dropout_rng:
             config.model.dropout_rng = FLAGS.dropout_rng
-        if "optimizer" not in config:
-            add_training_sections(config)
         config.optimizer.name = FLAGS.optimizer
     preds = FLAGS.predictions or max(1, int(round(0.15 * FLAGS.seq)))
     built = build(config, FLAGS.batch, FLAGS.seq, preds, accum=FLAGS.accum,
