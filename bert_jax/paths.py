@@ -10,7 +10,10 @@ fsspec for gs://, s3://, ...), as orbax's own do.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+from typing import Iterator, Optional, TextIO
 
 from etils import epath
 
@@ -39,3 +42,51 @@ def is_file(path) -> bool:
 
 def makedirs(path) -> None:
     epath.Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def exists(path) -> bool:
+    return epath.Path(path).exists()
+
+
+def rmtree(path) -> None:
+    """Removes a directory tree if it is there (local or URI)."""
+    p = epath.Path(path)
+    if p.exists():
+        p.rmtree()
+
+
+def rename(src, dst) -> None:
+    """Moves a file or a directory onto a name that must not exist. Atomic for local paths;
+    on Cloud Storage a directory moves object by object (the writers here keep their
+    previous copy until the new one is complete)."""
+    epath.Path(src).rename(dst)
+
+
+def copy_file(src, dst) -> None:
+    """Copies a small file between any two places (a local vocab into a bucket, say)."""
+    epath.Path(dst).write_bytes(epath.Path(src).read_bytes())
+
+
+@contextlib.contextmanager
+def open_text(path, newline: Optional[str] = None) -> Iterator[TextIO]:
+    """A UTF-8 text file for reading, local or URI. `newline` as for `open` (the csv module
+    wants ""): a URI's file is read whole and served from memory, since remote file objects
+    do not take that argument."""
+    if is_uri(path):
+        yield io.StringIO(epath.Path(path).read_bytes().decode("utf-8"), newline=newline)
+    else:
+        with open(path, encoding="utf-8", newline=newline) as f:
+            yield f
+
+
+@contextlib.contextmanager
+def write_atomic(path, mode: str = "w") -> Iterator[TextIO]:
+    """Writes PATH.tmp (parents made as needed), then moves it onto PATH: readers never see a
+    half-written file, and an exception leaves PATH as it was. Local or URI."""
+    target = epath.Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = epath.Path(f"{path}.tmp")
+    kwargs = {} if "b" in mode else {"encoding": "utf-8"}
+    with tmp.open(mode, **kwargs) as f:
+        yield f
+    tmp.replace(target)

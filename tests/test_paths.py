@@ -25,7 +25,8 @@ def fake_gcs(root):
         path = os.fspath(path)
         return os.path.join(root, path[len("gs://"):]) if path.startswith("gs://") else path
 
-    def redirect(original, path, *args, **kwargs):
+    def redirect(original, path, *args, **kwargs):  # the target of rename / replace as well
+        args = [local(a) if isinstance(a, (str, os.PathLike)) else a for a in args]
         return original(local(path), *args, **kwargs)
 
     names = ("exists", "glob", "isdir", "listdir", "makedirs", "mkdir", "open", "remove",
@@ -128,14 +129,6 @@ def test_vocabularies_read_from_a_bucket(gcs):
     assert sp.vocab_size == 300
     assert sp.encode("To be, or not to be") == load_tokenizer(
         spm_model_file=local).encode("To be, or not to be")
-
-
-def test_finetuning_refuses_a_bucket_workdir(tmp_path):
-    from bert_jax.tasks import finetune
-    from tests.tasks.finetune_common import tiny_pairs_config
-
-    with pytest.raises(ValueError, match=r"--workdir=gs://b/ft: fine-tuning writes .* local"):
-        finetune.run(tiny_pairs_config(steps=1), "gs://b/ft")
 
 
 def test_a_profile_of_a_bucket_run_lands_in_the_bucket(gcs):

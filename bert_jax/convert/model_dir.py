@@ -14,7 +14,6 @@ launch/train.py writes it) where a model directory is expected.
 from __future__ import annotations
 
 import os
-import shutil
 from typing import Any, Callable, Optional
 
 import jax
@@ -38,13 +37,14 @@ def is_model_dir(path: str) -> bool:
 def save_model_dir(path: str, params: Any, config: BertConfig,
                    vocab_file: Optional[str] = None) -> None:
     """Writes params (unscanned or scanned: stored unscanned) + config (+ vocab).
-    Written under a temporary name and renamed, so a crash never leaves a half model dir."""
-    path = os.path.abspath(path)
-    if os.path.exists(path):
+    Written under a temporary name and renamed, so a crash never leaves a half model dir.
+    `path` may be local or a URI (gs://...)."""
+    path = paths.resolve(path)
+    if paths.exists(path):
         raise FileExistsError(f"{path} already exists; refusing to overwrite a model directory")
     tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    paths.rmtree(tmp)
+    paths.makedirs(tmp)
     if config.scan_layers:
         params = unstack_layers(params, config.num_hidden_layers)
     params = _to_numpy(params)
@@ -53,12 +53,12 @@ def save_model_dir(path: str, params: Any, config: BertConfig,
     me = jax.process_index()
     alone = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
     with ocp.StandardCheckpointer(multiprocessing_options=alone) as ckptr:
-        ckptr.save(os.path.join(tmp, PARAMS_NAME), params)
+        ckptr.save(paths.join(tmp, PARAMS_NAME), params)
         ckptr.wait_until_finished()
-    config.replace(scan_layers=False).to_json_file(os.path.join(tmp, CONFIG_NAME))
+    config.replace(scan_layers=False).to_json_file(paths.join(tmp, CONFIG_NAME))
     if vocab_file:
-        shutil.copyfile(vocab_file, os.path.join(tmp, VOCAB_NAME))
-    os.replace(tmp, path)
+        paths.copy_file(vocab_file, paths.join(tmp, VOCAB_NAME))
+    paths.rename(tmp, path)
 
 
 def dir_vocab(path: str) -> Optional[str]:

@@ -23,6 +23,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from bert_jax import paths
+
 
 @dataclasses.dataclass(frozen=True)
 class PairExample:
@@ -127,11 +129,11 @@ TFDS_GLUE_SPLITS = {"train": "train", "dev": "validation", "test": "test",
 
 
 def _read_tsv(path: str) -> list[list[str]]:
-    if not os.path.isfile(path):
+    if not paths.is_file(path):
         raise FileNotFoundError(f"GLUE file not found: {path}")
     # GLUE TSVs are unquoted (quote characters occur inside sentences): QUOTE_NONE.
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    with open(path, encoding="utf-8", newline="") as f:
+    with paths.open_text(path, newline="") as f:
         return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
 
 
@@ -254,9 +256,9 @@ def squad_examples_from_json(data: Sequence[dict], source: str) -> list[SquadExa
 
 def read_squad_json(path: str) -> tuple[list[SquadExample], list[dict]]:
     """(examples, the raw `data` list: what the official scorer reads)."""
-    if not os.path.isfile(path):
+    if not paths.is_file(path):
         raise FileNotFoundError(f"SQuAD file not found: {path}")
-    with open(path, encoding="utf-8") as f:
+    with paths.open_text(path) as f:
         try:
             doc = json.load(f)
         except json.JSONDecodeError as e:
@@ -295,7 +297,7 @@ def squad_dataset_of(examples: Sequence[SquadExample]) -> list[dict]:
 def read_conll(path: str, tag_column: int = -1) -> list[NerExample]:
     """CoNLL-2003 style column file: `word [POS chunk] TAG` per line (space or tab
     separated), blank lines between sentences, `-DOCSTART-` lines ignored."""
-    if not os.path.isfile(path):
+    if not paths.is_file(path):
         raise FileNotFoundError(f"CoNLL file not found: {path}")
     out, words, tags = [], [], []
 
@@ -305,7 +307,7 @@ def read_conll(path: str, tag_column: int = -1) -> list[NerExample]:
             words.clear()
             tags.clear()
 
-    with open(path, encoding="utf-8") as f:
+    with paths.open_text(path) as f:
         for n, line in enumerate(f, 1):
             cols = line.split()
             if not cols:
@@ -359,10 +361,10 @@ def read_swag_csv(path: str, labeled: bool = True) -> list[ChoiceExample]:
     labeled=True requires a label on every row; labeled=False (a test file) reads labels
     only where a label column exists (SWAG's own test.csv has none). guid: the leading
     unnamed index column (pandas') when present, else the row's number from 0."""
-    if not os.path.isfile(path):
+    if not paths.is_file(path):
         raise FileNotFoundError(f"SWAG file not found: {path}")
     csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-    with open(path, encoding="utf-8", newline="") as f:
+    with paths.open_text(path, newline="") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if header is None:
@@ -400,10 +402,10 @@ def read_choice_jsonl(path: str) -> list[ChoiceExample]:
     """One JSON object per line: HellaSwag's files ({"ctx_a", "ctx_b", "endings", "label",
     "ind"}: context ctx_a, start ctx_b) or your own ({"context", "endings", "label"}, with
     optional "start" and "id"). A missing label makes that question unlabelled."""
-    if not os.path.isfile(path):
+    if not paths.is_file(path):
         raise FileNotFoundError(f"multiple-choice file not found: {path}")
     out = []
-    with open(path, encoding="utf-8") as f:
+    with paths.open_text(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
                 continue

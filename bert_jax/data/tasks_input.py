@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from typing import Iterator, Mapping, Optional
 
 import numpy as np
+from etils import epath
+
+from bert_jax import paths
 
 
 # --- tokens with offsets ---------------------------------------------------------------
@@ -37,16 +39,17 @@ def cache_key(**parts) -> str:
     lengths, task): a changed input builds a new cache instead of reading a stale one."""
     norm = {}
     for k, v in sorted(parts.items()):
-        if isinstance(v, str) and os.path.exists(v):
-            st = os.stat(v)
-            v = [os.path.abspath(v), st.st_size, int(st.st_mtime)]
+        if isinstance(v, str) and v and paths.exists(v):
+            st = epath.Path(v).stat()  # local or gs://: size and modification time
+            v = [paths.resolve(v), int(st.length), int(st.mtime)]
         norm[k] = v
     return hashlib.sha1(json.dumps(norm, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def write_feature_cache(path: str, features: Mapping[str, np.ndarray]) -> None:
     """One tf.train.Example per row, int64 lists (float for float arrays), flattened; shapes
-    in a `.json` sidecar. Written to a temporary name and renamed (no half cache)."""
+    in a `.json` sidecar. Written to a temporary name and renamed (no half cache). `path` may
+    be a URI (gs://...): TensorFlow's file system writes it."""
     import tensorflow as tf
 
     n = _num_rows(features)
@@ -63,17 +66,17 @@ def write_feature_cache(path: str, features: Mapping[str, np.ndarray]) -> None:
                     feats[k] = tf.train.Feature(int64_list=tf.train.Int64List(value=row))
             w.write(tf.train.Example(features=tf.train.Features(feature=feats))
                     .SerializeToString())
-    with open(tmp + ".json", "w") as f:
-        json.dump({"num_rows": n, "features": meta}, f)
-    os.replace(tmp + ".json", path + ".json")
-    os.replace(tmp, path)
+    with tf.io.gfile.GFile(tmp + ".json", "w") as f:
+        f.write(json.dumps({"num_rows": n, "features": meta}))
+    tf.io.gfile.rename(tmp + ".json", path + ".json", overwrite=True)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def read_feature_cache(path: str) -> dict[str, np.ndarray]:
     import tensorflow as tf
 
-    with open(path + ".json") as f:
-        meta = json.load(f)
+    with tf.io.gfile.GFile(path + ".json") as f:
+        meta = json.loads(f.read())
     spec = {}
     for k, m in meta["features"].items():
         kind = tf.float32 if m["dtype"].startswith("float") else tf.int64
@@ -92,11 +95,13 @@ def cached_features(cache_dir: Optional[str], name: str, key: str, build) -> dic
     """features from `cache_dir/name-key.tfrecord` if present, else build() and write it."""
     if not cache_dir:
         return build()
-    path = os.path.join(cache_dir, f"{name}-{key}.tfrecord")
-    if os.path.exists(path) and os.path.exists(path + ".json"):
+    import tensorflow as tf
+
+    path = paths.join(cache_dir, f"{name}-{key}.tfrecord")
+    if tf.io.gfile.exists(path) and tf.io.gfile.exists(path + ".json"):
         return read_feature_cache(path)
     features = build()
-    os.makedirs(cache_dir, exist_ok=True)
+    tf.io.gfile.makedirs(paths.resolve(cache_dir))
     write_feature_cache(path, features)
     return features
 

@@ -154,7 +154,7 @@ class BertConfig:
         return json.dumps(self.to_dict(original_only), indent=2, sort_keys=True) + "\n"
 
     def to_json_file(self, path: str | os.PathLike, original_only: bool = False) -> None:
-        with open(path, "w", encoding="utf-8") as f:
+        with epath.Path(path).open("w", encoding="utf-8") as f:  # local or gs://
             f.write(self.to_json_string(original_only))
 
 

@@ -17,12 +17,12 @@ probabilities of all endings (for ensembling or error analysis).
 
 from __future__ import annotations
 
-import os
 from typing import Sequence
 
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.data import task_readers as readers
 from bert_jax.data.task_readers import ChoiceExample, DataError
 from bert_jax.data.tasks_input import cache_key, cached_features
@@ -108,7 +108,7 @@ class ChoiceTask:
                                  f"task.{split}_file"
                                  + (" (tfds has no SWAG)" if self.name == "swag" else ""))
             return f"tfds hellaswag:{split}"
-        if not os.path.isfile(path):
+        if not paths.is_file(path):
             raise FileNotFoundError(f"task.{split}_file={path}: no such file")
         return path
 
@@ -183,13 +183,11 @@ class ChoiceTask:
         logits = self._ordered_logits(kept)
         probs = softmax(logits.astype(np.float64))
         preds = np.argmax(logits, -1)  # as evaluate scores them (probabilities may tie)
-        path = os.path.join(out_dir, f"choice_predictions-{eval_set.name}.tsv")
-        os.makedirs(out_dir, exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        path = paths.join(out_dir, f"choice_predictions-{eval_set.name}.tsv")
+        with paths.write_atomic(path) as f:
             f.write("\t".join(["index", "prediction"]
                               + [f"prob_{j}" for j in range(probs.shape[1])]) + "\n")
             for ex, pred, p in zip(eval_set.examples, preds, probs):
                 f.write("\t".join([ex.guid, str(int(pred))]
                                   + [f"{x:.6f}" for x in p]) + "\n")
-        os.replace(path + ".tmp", path)
         return [path]

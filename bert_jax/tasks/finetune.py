@@ -13,7 +13,9 @@ run_<i>/checkpoints. `train.num_restarts` runs seeds seed..seed+N-1 (times each 
 `schedule.lr_grid`, if set), keeps the best on the first dev set by the task's main metric,
 and reports mean and std. Restarting the same command resumes: finished runs are read back
 from WORKDIR/metrics.jsonl, the interrupted one continues from its latest checkpoint; SIGTERM
-saves the current run and returns ({"preempted": True}). Writes, in workdir (process 0):
+saves the current run and returns ({"preempted": True}). The workdir, the task files and the
+feature cache may be local or in a bucket (gs://...; bert_jax.paths). Writes, in workdir
+(process 0):
     metrics.jsonl          one line per finished run ("dev/accuracy", "train/seconds", ...),
                            then a "summary" line ("dev/accuracy_mean", "_std", best_run, ...)
     run_<i>/...            each run's prediction files, its metrics.jsonl (train/loss every
@@ -29,13 +31,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
 from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
 from absl import logging
+from etils import epath
 
 from bert_jax import optim, paths
 from bert_jax.data.tasks_input import num_rows
@@ -110,11 +111,11 @@ def finished_runs(workdir: str, plan: list[tuple[float, int]]) -> list[dict]:
     """Runs of `plan` ((lr, seed) per run) already recorded in WORKDIR/metrics.jsonl, in
     order, as {"run", "seed", "lr", "results": {eval set: {metric: value}}}. A record that
     does not match the plan (another sweep in this workdir) is an error."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.isfile(path):
+    path = paths.join(workdir, "metrics.jsonl")
+    if not paths.is_file(path):
         return []
     done = []
-    with open(path, encoding="utf-8") as f:
+    with paths.open_text(path) as f:
         for n, line in enumerate(f, 1):
             record = json.loads(line) if line.strip() else {}
             if "run" not in record or record.get("summary"):
@@ -142,15 +143,10 @@ def run(config, workdir: str, progress: bool = True,
     from bert_jax.data.tokenization import load_tokenizer
     from bert_jax.tasks.registry import task_from_config
 
-    if paths.is_uri(workdir):
-        raise ValueError(
-            f"--workdir={workdir}: fine-tuning writes its workdir (feature cache, per-run "
-            f"checkpoints, best_model/) with local file operations; use a local or mounted "
-            f"directory (the init_checkpoint and data may be in a bucket) and copy "
-            f"best_model/ to the bucket afterwards")
+    workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
     optim.check_optimizer(config.optimizer)  # before any data is read
     is_main = jax.process_index() == 0
-    os.makedirs(workdir, exist_ok=True)
+    paths.makedirs(workdir)
     bert_config, source, vocab = model_and_init(config)
     vocab = config.tokenizer.vocab_file or vocab
     if not vocab:
@@ -189,10 +185,10 @@ def run(config, workdir: str, progress: bool = True,
     if runs and is_main:
         print(f"{workdir}: {len(runs)} of {len(plan)} runs already done", flush=True)
     steps_for(plan[len(runs)][0] if len(runs) < len(plan) else lrs[0])
-    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    metrics_path = paths.join(workdir, "metrics.jsonl")
     for i in range(len(runs), len(plan)):
         lr, seed = plan[i]
-        run_dir = os.path.join(workdir, f"run_{i}")
+        run_dir = paths.join(workdir, f"run_{i}")
         outcome = train_and_evaluate(setup, steps_for(lr), source, train_features, eval_sets,
                                      config, seed, run_dir, progress, after_step)
         if outcome.preempted:
@@ -209,24 +205,28 @@ def run(config, workdir: str, progress: bool = True,
             record = {"run": i, "seed": seed, "lr": lr}
             record.update({f"{name}/{k}": v for name, m in results.items()
                            for k, v in m.items()})
-            with open(metrics_path, "a", encoding="utf-8") as mf:
-                mf.write(json.dumps(record) + "\n")
+            _append_line(metrics_path, record)
             if config.checkpoint.delete_finished and jax.process_count() == 1:
-                shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)
+                paths.rmtree(paths.join(run_dir, "checkpoints"))
         logging.info("run %d (seed %d, lr %g): %s %s", i, seed, lr, main_set,
                      results[main_set])
     summary = summarize(runs, labeled, task.main_metric)
     if is_main:
         if summary != _last_record(metrics_path):  # not again when nothing was left to do
-            with open(metrics_path, "a", encoding="utf-8") as mf:
-                mf.write(json.dumps(summary) + "\n")
+            _append_line(metrics_path, summary)
         for name in labeled:
             print(results_table(runs, name, task.main_metric, best=summary["best_run"]))
     return summary
 
 
+def _append_line(path: str, record: dict) -> None:
+    # epath: a local file, or gfile's append on gs:// (the file is uploaded again on close).
+    with epath.Path(path).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
 def _last_record(path: str) -> Optional[dict]:
-    with open(path, encoding="utf-8") as f:
+    with paths.open_text(path) as f:
         lines = [line for line in f if line.strip()]
     return json.loads(lines[-1]) if lines else None
 
@@ -265,12 +265,12 @@ def _save_best(workdir, params, bert_config, vocab) -> None:
         host = jax.device_get(params)
     if jax.process_index() == 0:
         # Written beside the previous best and swapped in, so a crash never loses both.
-        path = os.path.join(workdir, "best_model")
-        shutil.rmtree(path + ".new", ignore_errors=True)
+        path = paths.join(workdir, "best_model")
+        paths.rmtree(path + ".new")
         save_model_dir(path + ".new", jax.tree_util.tree_map(np.asarray, host), bert_config,
                        vocab)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(path + ".new", path)
+        paths.rmtree(path)
+        paths.rename(path + ".new", path)
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("bert_jax best_model written")
 

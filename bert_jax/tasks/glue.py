@@ -23,6 +23,7 @@ from typing import Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.data import task_readers as readers
 from bert_jax.data.tasks_input import cache_key, cached_features
 from bert_jax.models.bert import BertForSequenceClassification
@@ -135,8 +136,8 @@ class GlueTask:
         """GLUE's diagnostic set (AX.tsv in a submission), predicted by the MNLI model:
         glue_data/diagnostic/diagnostic.tsv beside the MNLI directory, or tfds glue/ax."""
         if self.data_dir:
-            ax_dir = os.path.join(os.path.dirname(os.path.abspath(self.data_dir)), "diagnostic")
-            if not os.path.isfile(os.path.join(ax_dir, "diagnostic.tsv")):
+            ax_dir = os.path.join(os.path.dirname(paths.resolve(self.data_dir)), "diagnostic")
+            if not paths.is_file(os.path.join(ax_dir, "diagnostic.tsv")):
                 return None
             return readers.read_glue("ax", "test", ax_dir)
         return readers.read_glue("ax", "test", None, self.tfds_data_dir)
@@ -178,7 +179,7 @@ class GlueTask:
             stem = self.spec.submission[self.spec.test_splits.index(eval_set.name)]
         else:
             stem = f"dev_predictions-{eval_set.name}"
-        path = os.path.join(out_dir, f"{stem}.tsv")
+        path = paths.join(out_dir, f"{stem}.tsv")
         write_submission(path, [e.guid for e in eval_set.examples], preds, self.labels,
                          clip=(0.0, 5.0) if self.name == "stsb" else None)
         return [path]
@@ -190,9 +191,7 @@ def write_submission(path: str, guids: Sequence[str], preds: np.ndarray,
     labels None = regression values (clipped to `clip`, STS-B's [0, 5])."""
     if len(guids) != len(preds):
         raise ValueError(f"{path}: {len(preds)} predictions for {len(guids)} examples")
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with paths.write_atomic(path) as f:
         f.write("index\tprediction\n")
         for guid, p in zip(guids, preds):
             if labels is None:
@@ -200,4 +199,3 @@ def write_submission(path: str, guids: Sequence[str], preds: np.ndarray,
             else:
                 value = labels[int(p)]
             f.write(f"{guid}\t{value}\n")
-    os.replace(tmp, path)

@@ -8,7 +8,6 @@ still count in the gold entities, so the score is never flattered); a warning sa
 
 from __future__ import annotations
 
-import os
 from typing import Mapping, Optional, Sequence
 
 import jax.numpy as jnp
@@ -16,6 +15,7 @@ import numpy as np
 import optax
 from absl import logging
 
+from bert_jax import paths
 from bert_jax.data import task_readers as readers
 from bert_jax.data.task_readers import DataError, NerExample
 from bert_jax.data.tasks_input import cache_key, cached_features
@@ -153,12 +153,10 @@ class NerTask:
         """CoNLL columns `word gold predicted` (conlleval's input), blank line between
         sentences."""
         pred = self.predict(eval_set, kept)
-        path = os.path.join(out_dir, f"ner_predictions-{eval_set.name}.txt")
-        os.makedirs(out_dir, exist_ok=True)
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        path = paths.join(out_dir, f"ner_predictions-{eval_set.name}.txt")
+        with paths.write_atomic(path) as f:
             for ex, tags in zip(eval_set.examples, pred):
                 for word, gold, p in zip(ex.words, ex.tags, tags):
                     f.write(f"{word} {gold} {p}\n")
                 f.write("\n")
-        os.replace(path + ".tmp", path)
         return [path]

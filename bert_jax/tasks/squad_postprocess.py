@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 from typing import Mapping, Sequence
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.data.task_readers import SquadExample
 
 
@@ -98,22 +98,18 @@ def postprocess(examples: Sequence[SquadExample], features: Mapping[str, np.ndar
 
 
 def write_json(path: str, obj) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, path)
+    with paths.write_atomic(path) as f:
+        f.write(json.dumps(obj, indent=2, ensure_ascii=False) + "\n")
 
 
 def write_outputs(out_dir: str, predictions, nbest, null_odds, prefix: str = "") -> list[str]:
     """predictions.json, nbest_predictions.json (+ null_odds.json for v2) in out_dir."""
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
+    written = []
     for name, obj in (("predictions.json", predictions), ("nbest_predictions.json", nbest),
                       ("null_odds.json", null_odds)):
         if name == "null_odds.json" and not null_odds:
             continue
-        path = os.path.join(out_dir, prefix + name)
+        path = paths.join(out_dir, prefix + name)
         write_json(path, obj)
-        paths.append(path)
-    return paths
+        written.append(path)
+    return written

@@ -2,6 +2,7 @@
 the TFRecord feature cache and the configs."""
 
 import importlib.util
+import os
 
 import jax.numpy as jnp
 import numpy as np
@@ -145,6 +146,48 @@ def test_feature_cache_round_trip(tmp_path):
         np.testing.assert_array_equal(second[k], feats[k])
         assert second[k].dtype == feats[k].dtype and first[k] is feats[k]
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_feature_cache_at_a_uri(tmp_path, monkeypatch):
+    """A cache_dir in a bucket: TensorFlow's own file systems write and read it (its
+    in-memory ram:// stands in for gs:// here), and the key of a data file there follows the
+    file's size and modification time."""
+    import tensorflow as tf
+
+    monkeypatch.chdir(tmp_path)  # a URI taken for a local path would land here
+    feats = {"ids": np.arange(12, dtype=np.int32).reshape(3, 4),
+             "score": np.array([0.5, -1.25, 3.0], np.float32)}
+    calls = []
+
+    def build():
+        calls.append(1)
+        return feats
+
+    tasks_input.cached_features("ram://bucket/cache/", "t", "k1", build)
+    again = tasks_input.cached_features("ram://bucket/cache", "t", "k1", build)
+    assert len(calls) == 1
+    for k in feats:
+        np.testing.assert_array_equal(again[k], feats[k])
+    assert sorted(tf.io.gfile.listdir("ram://bucket/cache")) == ["t-k1.tfrecord",
+                                                                  "t-k1.tfrecord.json"]
+    assert not os.path.exists(tmp_path / "ram:")
+
+
+def test_cache_key_follows_a_bucket_file(tmp_path, monkeypatch):
+    from tests.test_paths import fake_gcs
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "bucket_root"
+    (root / "b").mkdir(parents=True)
+    data = root / "b" / "train.tsv"
+    data.write_text("a\tb\n")
+    with fake_gcs(str(root)):
+        key = tasks_input.cache_key(source="gs://b/train.tsv", n=1)
+        assert tasks_input.cache_key(source="gs://b/train.tsv", n=1) == key
+        data.write_text("a\tb\nc\td\n")  # another size: another key
+        assert tasks_input.cache_key(source="gs://b/train.tsv", n=1) != key
+        # A name that is not a file keys by the name alone.
+        assert tasks_input.cache_key(source="gs://b/none.tsv", n=1) != key
 
 
 def test_glue_task_evaluate_and_submission(tmp_path, tok):
