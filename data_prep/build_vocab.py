@@ -85,11 +85,16 @@ def train_sentencepiece(files: list[str], vocab_size: int, output: str,
 
 def main(argv):
     del argv
-    from data_prep.paths import InputError, resolve_inputs
+    from data_prep.paths import InputError, is_uri, resolve_inputs
     try:
         if not FLAGS.input_file or not FLAGS.output:
             raise InputError("--input_file and --output are required")
         files = resolve_inputs(FLAGS.input_file)
+        remote = [p for p in files + [FLAGS.output] if is_uri(p)]
+        if remote:  # the trainers read and write local files only
+            raise InputError(f"{remote[0]}: build_vocab reads and writes local files (the "
+                             f"tokenizers and sentencepiece trainers open them by name); "
+                             f"copy the corpus here, and the vocabulary to the bucket after")
         if FLAGS.vocab_size <= len(SPECIAL_TOKENS):
             raise InputError(f"--vocab_size must exceed {len(SPECIAL_TOKENS)}")
     except InputError as e:

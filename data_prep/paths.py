@@ -1,9 +1,36 @@
-"""Input/output file lists of the data_prep CLIs (comma lists, globs, shard patterns)."""
+"""Input/output file lists of the data_prep CLIs (comma lists, globs, shard patterns).
+
+Any name may be a URI (gs://bucket/corpus/*.txt, as google-research/bert's tools took): it
+stays a URI, never a local ./gs:/ folder, and is listed, read and written through
+`etils.epath` (TensorFlow's gfile when TensorFlow is installed, else fsspec)."""
 
 from __future__ import annotations
 
 import glob
 import os
+
+from etils import epath
+
+
+def is_uri(path) -> bool:
+    return "://" in str(path)
+
+
+def _glob(pattern: str) -> list[str]:
+    if not is_uri(pattern):
+        return sorted(glob.glob(pattern))
+    # epath globs relative to a directory: split at the first component with a wildcard.
+    scheme, rest = pattern.split("://", 1)
+    parts = rest.split("/")
+    first = next(i for i, x in enumerate(parts) if glob.has_magic(x))
+    base = epath.Path(f"{scheme}://" + "/".join(parts[:first]))
+    if not base.is_dir():
+        return []
+    return sorted(str(p) for p in base.glob("/".join(parts[first:])))
+
+
+def size(path: str) -> int:
+    return epath.Path(path).stat().length if is_uri(path) else os.path.getsize(path)
 
 
 class InputError(Exception):
@@ -16,21 +43,21 @@ def resolve_inputs(spec: str) -> list[str]:
         if not part:
             continue
         if glob.has_magic(part):
-            hits = sorted(glob.glob(part))
+            hits = _glob(part)
             if not hits:
                 raise InputError(f"--input_file: no file matches {part!r}")
             paths.extend(hits)
-        elif os.path.isdir(part):
+        elif epath.Path(part).is_dir():
             raise InputError(f"--input_file: {part} is a directory (give files or a glob, "
-                             f"e.g. {os.path.join(part, '*.txt')})")
-        elif not os.path.isfile(part):
+                             f"e.g. {part.rstrip('/')}/*.txt)")
+        elif not epath.Path(part).is_file():
             raise InputError(f"--input_file: file not found: {part}")
         else:
             paths.append(part)
     if not paths:
         raise InputError("--input_file: no input files given")
     for p in paths:
-        if not os.access(p, os.R_OK):
+        if not is_uri(p) and not os.access(p, os.R_OK):
             raise InputError(f"--input_file: cannot read {p}")
     return paths
 
@@ -52,6 +79,6 @@ def resolve_outputs(spec: str, num_shards: int) -> list[str]:
     if len(set(parts)) != len(parts):
         raise InputError(f"--output_file: duplicate output names {parts}")
     for p in parts:
-        if os.path.isdir(p):
+        if epath.Path(p).is_dir():
             raise InputError(f"--output_file: {p} is a directory")
     return parts

@@ -27,8 +27,10 @@ import time
 from typing import Iterator, Sequence
 
 import numpy as np
+from etils import epath
 
 from data_prep import instances as inst
+from data_prep import paths as dp_paths
 from data_prep import tfrecord
 
 _BATCH = 4096  # instances assembled + serialized at once (bounds the numpy temporaries)
@@ -108,7 +110,7 @@ def iter_lines(path: str, stats: Stats) -> Iterator[str]:
         return text.split("\n")
 
     rest = b""
-    with open(path, "rb") as f:
+    with (epath.Path(path).open("rb") if dp_paths.is_uri(path) else open(path, "rb")) as f:
         while True:
             block = f.read(_READ_BLOCK)
             stats.input_bytes += len(block)
@@ -261,13 +263,21 @@ def process_chunk(chunk_index: int, docs: list[list[str]]):
 # ----------------------------------------------------------------------------- driver
 
 class _Outputs:
-    """Output files written under temporary names, renamed only when all is done."""
+    """Output files written under temporary names, renamed only when all is done. A URI
+    output (gs://...) is staged in a local temporary folder and uploaded by `commit`; an
+    object in a bucket appears whole when its upload completes."""
 
     def __init__(self, paths: Sequence[str]):
         self.paths = list(paths)
-        self.tmps = [f"{p}.tmp-{os.getpid()}" for p in self.paths]
+        self.staging = (tempfile.mkdtemp(prefix="data_prep-upload-")
+                        if any(dp_paths.is_uri(p) for p in self.paths) else None)
+        self.tmps = [os.path.join(self.staging, f"{i:05d}.tfrecord") if dp_paths.is_uri(p)
+                     else f"{p}.tmp-{os.getpid()}" for i, p in enumerate(self.paths)]
         for p in self.paths:
-            os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
+            if dp_paths.is_uri(p):
+                epath.Path(p).parent.mkdir(parents=True, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
         self.files = [open(t, "wb") for t in self.tmps]
         self.count = 0  # records written so far (round-robin position)
 
@@ -289,7 +299,14 @@ class _Outputs:
         for f in self.files:
             f.close()
         for t, p in zip(self.tmps, self.paths):
-            os.replace(t, p)
+            if dp_paths.is_uri(p):
+                with open(t, "rb") as src, epath.Path(p).open("wb") as dst:
+                    shutil.copyfileobj(src, dst, 16 << 20)
+                os.remove(t)
+            else:
+                os.replace(t, p)
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
 
     def abort(self) -> None:
         for f in self.files:
@@ -297,6 +314,8 @@ class _Outputs:
         for t in self.tmps:
             if os.path.exists(t):
                 os.remove(t)
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
 
 
 def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpec,
@@ -308,7 +327,7 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
     fork = num_workers > 1 and sys.platform.startswith("linux") and _fork_safe()
     t0 = time.time()
     stats = Stats()
-    total_bytes = sum(os.path.getsize(p) for p in input_paths)
+    total_bytes = sum(dp_paths.size(p) for p in input_paths)
     chunks = iter_chunks(input_paths, stats, chunk_chars)
     outputs = _Outputs(output_paths)
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, disable=not progress,
@@ -322,8 +341,9 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
             # Chunks and records travel in files next to the output, not through the
             # pool's pipes: a 10 MB result through a 64 KB pipe is hundreds of process
             # switches, which stall both sides on a busy machine.
-            spool = tempfile.mkdtemp(prefix=".data_prep-",
-                                     dir=os.path.dirname(os.path.abspath(output_paths[0])))
+            spool = tempfile.mkdtemp(prefix=".data_prep-", dir=(
+                None if dp_paths.is_uri(output_paths[0])  # a local temporary folder then
+                else os.path.dirname(os.path.abspath(output_paths[0]))))
             if fork:
                 # fork: workers inherit the loaded tokenizer (no re-import, no re-load).
                 _init_worker(spec)

@@ -103,6 +103,11 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     del argv
+    for flag in ("input", "output"):
+        if "://" in FLAGS[flag].value:
+            raise app.UsageError(f"--{flag}={FLAGS[flag].value}: prepare_corpus reads and "
+                                 f"writes local files; create_pretraining_data.py reads its "
+                                 f"input and writes its TFRecords in a bucket itself")
     paths = sorted(glob.glob(os.path.join(FLAGS.input, "**", "*.txt"), recursive=True))
     if not paths:
         raise app.UsageError(f"no .txt files under {FLAGS.input}")

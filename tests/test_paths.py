@@ -29,9 +29,15 @@ def fake_gcs(root):
         args = [local(a) if isinstance(a, (str, os.PathLike)) else a for a in args]
         return original(local(path), *args, **kwargs)
 
-    names = ("exists", "glob", "isdir", "listdir", "makedirs", "mkdir", "open", "remove",
+    def redirect_glob(original, pattern, *args, **kwargs):  # matches named as in the bucket
+        found = original(local(pattern), *args, **kwargs)
+        if not os.fspath(pattern).startswith("gs://"):
+            return found
+        return ["gs://" + os.path.relpath(os.fspath(p), root) for p in found]
+
+    names = ("exists", "isdir", "listdir", "makedirs", "mkdir", "open", "remove",
              "rename", "replace", "rmtree", "stat", "walk")
-    with epath_testing.mock_epath(**{n: redirect for n in names}), \
+    with epath_testing.mock_epath(glob=redirect_glob, **{n: redirect for n in names}), \
             mock.patch.object(gpath, "_is_tf_installed", lambda: False):
         yield
 

@@ -2,6 +2,8 @@
 determinism across workers, sharding, whole-word masking, --no_nsp, atomic output."""
 
 import json
+import os
+import shutil
 
 import numpy as np
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from bert_jax.data.tokenization import load_tokenizer
 from data_prep import instances as inst
 from data_prep import pipeline, tfrecord
+from data_prep.paths import InputError
 from tests.data_prep.helpers import (GOLDENS, SAMPLE, VOCAB, check_invariants, read_examples,
                                      restore, run_tool)
 
@@ -226,3 +229,44 @@ def test_masked_positions_are_uniform_over_candidates(sample_run, tok):
     seen = cand[full].sum(0)[1:S - 1] > n / 2  # positions that are text in most rows
     assert seen.sum() > 100
     assert np.abs(rate[seen] - 19 / 125).max() < 5 * sd * np.sqrt(2), rate[seen]
+
+
+def test_corpus_and_shards_in_a_bucket(tmp_path, monkeypatch):
+    """gs:// inputs (a glob) and outputs, as google-research/bert's tool took them: read and
+    written through etils.epath (faked here onto a local folder, tests/test_paths.py), the
+    same bytes as a local run, no local ./gs:/ folder and no staging files left. A run that
+    fails uploads nothing."""
+    import tempfile
+
+    from data_prep.paths import resolve_inputs, resolve_outputs
+    from tests.test_paths import fake_gcs
+
+    monkeypatch.chdir(tmp_path)  # a URI taken for a local path would land here
+    root = tmp_path / "bucket_root"
+    (root / "b" / "corpus").mkdir(parents=True)
+    for p in SAMPLE:
+        shutil.copy(p, root / "b" / "corpus")
+    local = [tmp_path / f"local-{i}" for i in range(2)]
+    run_tool(SAMPLE, local, chunk_chars=200_000, num_workers=2)
+    staged = set(os.listdir(tempfile.gettempdir()))
+    with fake_gcs(str(root)):
+        inputs = resolve_inputs("gs://b/corpus/*.txt")
+        assert inputs == [f"gs://b/corpus/{os.path.basename(p)}" for p in SAMPLE]
+        outputs = resolve_outputs("gs://b/pretrain/train", 2)
+        assert outputs == [f"gs://b/pretrain/train-0000{i}-of-00002" for i in range(2)]
+        stats = run_tool(inputs, outputs, chunk_chars=200_000, num_workers=2)
+        assert stats.input_bytes == sum(os.path.getsize(p) for p in SAMPLE)
+        with pytest.raises(InputError, match="gs://b/pretrain is a directory"):
+            resolve_outputs("gs://b/pretrain", 1)
+        with pytest.raises(InputError, match=r"no file matches 'gs://b/none/\*.txt'"):
+            resolve_inputs("gs://b/none/*.txt")
+        # A failing run leaves the bucket as it was.
+        monkeypatch.setattr(pipeline, "process_chunk", lambda k, docs: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            run_tool(inputs, ["gs://b/failed/train"], chunk_chars=200_000)
+    for i in range(2):
+        assert (root / "b" / "pretrain" / f"train-0000{i}-of-00002").read_bytes() == \
+            local[i].read_bytes()
+    assert not (root / "b" / "failed").exists() or not list((root / "b" / "failed").iterdir())
+    assert not (tmp_path / "gs:").exists()
+    assert set(os.listdir(tempfile.gettempdir())) - staged == set()

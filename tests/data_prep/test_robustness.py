@@ -135,3 +135,19 @@ def test_cli_end_to_end_with_shards(tmp_path):
     check_invariants(ex, cls_id=CLS, sep_id=SEP, max_seq_length=64, max_predictions_per_seq=10)
     n = int(r.stdout.split("instances")[1].split()[0].replace(",", ""))
     assert len(ex["input_ids"]) == n
+
+
+def test_local_only_tools_refuse_a_bucket_by_name(tmp_path):
+    """build_vocab's trainers and prepare_corpus open local files by name: a gs:// output is
+    an error naming it (exit 2, before any work), not a local ./gs:/ folder."""
+    for tool, args, msg in (
+            ("build_vocab.py", [f"--input_file={SAMPLE[0]}", "--output=gs://b/vocab.txt",
+                                "--vocab_size=300"],
+             "gs://b/vocab.txt: build_vocab reads and writes local files"),
+            ("prepare_corpus.py", [f"--input={tmp_path}", "--output=gs://b/corpus.txt"],
+             "--output=gs://b/corpus.txt: prepare_corpus reads and writes local files")):
+        r = subprocess.run([sys.executable, str(REPO / "data_prep" / tool), *args],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert r.returncode != 0 and msg in r.stderr, (tool, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "gs:").exists()
