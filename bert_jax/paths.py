@@ -13,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
+import tempfile
 from typing import Iterator, Optional, TextIO
 
 from etils import epath
@@ -90,3 +92,37 @@ def write_atomic(path, mode: str = "w") -> Iterator[TextIO]:
     with tmp.open(mode, **kwargs) as f:
         yield f
     tmp.replace(target)
+
+
+@contextlib.contextmanager
+def staged_dir(output) -> Iterator[str]:
+    """A local folder to write OUTPUT's files into with plain file APIs (safetensors, a TF
+    checkpoint writer), put in place whole when the block ends without an error: OUTPUT.tmp
+    renamed for a local OUTPUT; for a URI, a local temporary folder uploaded to OUTPUT.tmp,
+    then renamed. An existing OUTPUT is refused before anything is written."""
+    output = resolve(output)
+    if exists(output):
+        raise FileExistsError(f"{output} already exists; refusing to overwrite it")
+    remote = is_uri(output)
+    local = tempfile.mkdtemp(prefix="bert_jax-stage-") if remote else output + ".tmp"
+    if not remote:
+        shutil.rmtree(local, ignore_errors=True)
+        os.makedirs(local)
+    try:
+        yield local
+        if remote:
+            rmtree(output + ".tmp")
+            for dirpath, _, files in os.walk(local):
+                rel = os.path.relpath(dirpath, local)
+                target = epath.Path(output + ".tmp") / ("" if rel == "." else rel)
+                target.mkdir(parents=True, exist_ok=True)
+                for name in files:
+                    with open(os.path.join(dirpath, name), "rb") as src, \
+                            (target / name).open("wb") as dst:
+                        shutil.copyfileobj(src, dst, 16 << 20)
+            rename(output + ".tmp", output)
+        else:
+            os.replace(local, output)
+    finally:
+        if remote or os.path.exists(local):
+            shutil.rmtree(local, ignore_errors=True)

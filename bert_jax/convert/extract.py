@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.models.bert import BertModel
 from bert_jax.models.config import BertConfig
 from bert_jax.models.encoder import BertLayer
@@ -49,7 +50,7 @@ class Encoded:
 def read_examples(path: str) -> list[Example]:
     """One example per non-blank line; `A ||| B` is a pair. Blank lines are skipped."""
     examples = []
-    with open(path, encoding="utf-8") as f:
+    with paths.open_text(path) as f:  # local or gs://
         for i, line in enumerate(f):
             line = line.strip()
             if not line:
@@ -185,17 +186,16 @@ def write_features(path: str, features, examples: Sequence[Example], encoded, to
                    layers: Sequence[int], pooling: str) -> None:
     """.npy: <float32>[n, embed] (one layer) or [n, n_layers, embed], pooled only.
     .jsonl: the original extract_features format, one JSON object per input line.
-    Written to a temporary file and renamed."""
+    Written to a temporary file and renamed; `path` may be a URI (gs://...)."""
     check_output(path, pooling)
-    tmp = path + ".tmp"
     if path.endswith(".npy"):
         arr = np.stack(features).astype(np.float32)
         if len(layers) == 1:
             arr = arr[:, 0]
-        with open(tmp, "wb") as f:
+        with paths.write_atomic(path, "wb") as f:
             np.save(f, arr)
     elif path.endswith(".jsonl"):
-        with open(tmp, "w", encoding="utf-8") as f:
+        with paths.write_atomic(path) as f:
             for ex, enc, feat in zip(examples, encoded, features):
                 rec = {"linex_index": ex.line_index}
                 if pooling == "none":
@@ -210,7 +210,6 @@ def write_features(path: str, features, examples: Sequence[Example], encoded, to
                     rec["layers"] = [{"index": li, "values": [round(float(v), 6) for v in feat[k]]}
                                      for k, li in enumerate(layers)]
                 f.write(json.dumps(rec) + "\n")
-    os.replace(tmp, path)
 
 
 def check_output(path: str, pooling: str) -> None:
@@ -222,8 +221,8 @@ def check_output(path: str, pooling: str) -> None:
     if path.endswith(".npy") and pooling == "none":
         raise ValueError(f"{path}: per-token features (--pooling=none) have a different "
                          f"length per sentence; write them to a .jsonl file, or pool")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
+    parent = os.path.dirname(paths.resolve(path))
+    if not paths.is_dir(parent):
         raise FileNotFoundError(f"--output_file={path}: directory {parent} does not exist")
 
 

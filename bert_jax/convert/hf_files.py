@@ -10,11 +10,11 @@ from __future__ import annotations
 import functools
 import json
 import os
-import shutil
 from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.convert import hf, tensors
 from bert_jax.convert.tensors import ConversionError
 from bert_jax.models.config import BertConfig
@@ -149,11 +149,12 @@ def write_hf_dir(output: str, params: Mapping, config: BertConfig,
                  vocab_file: Optional[str] = None) -> str:
     """OUTPUT/model.safetensors + config.json (+ vocab.txt), loadable by transformers'
     BertModel and BertFor* (the tied MLM decoder is written too, so loading reports no
-    missing keys). Written to a temporary directory and renamed. Returns OUTPUT."""
+    missing keys). Written to a temporary directory and renamed; OUTPUT may be a URI
+    (gs://...). Returns OUTPUT."""
     from safetensors.numpy import save_file
 
-    output = os.path.abspath(output)
-    if os.path.exists(output):
+    output = paths.resolve(output)
+    if paths.exists(output):
         raise FileExistsError(f"{output} already exists; refusing to overwrite it")
     left = tensors.unmapped(params, [(n, ("bert",) + p, k) for n, p, k in
                                      hf._layout(config, "bert.")] + list(hf.HEAD_LAYOUT))
@@ -161,15 +162,12 @@ def write_hf_dir(output: str, params: Mapping, config: BertConfig,
         raise ConversionError(f"parameters with no Hugging Face name: {left[:10]}")
     config_dict = config_to_hf(config, params)
     state = hf.params_to_hf(params, config)
-    tmp = output + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    # transformers refuses safetensors files without a "format" in the metadata.
-    save_file(state, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
-    with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(config_dict, f, indent=2, sort_keys=True)
-        f.write("\n")
-    if vocab_file:
-        shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt"))
-    os.replace(tmp, output)
+    with paths.staged_dir(output) as tmp:
+        # transformers refuses safetensors files without a "format" in the metadata.
+        save_file(state, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(config_dict, f, indent=2, sort_keys=True)
+            f.write("\n")
+        if vocab_file:
+            paths.copy_file(vocab_file, os.path.join(tmp, "vocab.txt"))
     return output

@@ -211,22 +211,20 @@ def write_checkpoint(prefix: str, arrays: Mapping[str, np.ndarray]) -> None:
 def save_tf_dir(output: str, params: Mapping, config: BertConfig,
                 vocab_file: str | None = None) -> str:
     """OUTPUT/bert_model.ckpt.{index,data-*} + checkpoint + bert_config.json (+ vocab.txt),
-    written to a temporary directory and renamed. Returns the checkpoint prefix."""
-    import shutil
+    written to a temporary directory and renamed; OUTPUT may be a URI (gs://...). Returns the
+    checkpoint prefix."""
+    from bert_jax import paths
 
-    output = os.path.abspath(output)
-    if os.path.exists(output):
+    output = paths.resolve(output)
+    if paths.exists(output):
         raise FileExistsError(f"{output} already exists; refusing to overwrite it")
     arrays = params_to_tf(params, config)  # validates before anything is written
     config_dict = config_to_tf(config)
-    tmp = output + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    write_checkpoint(os.path.join(tmp, CKPT_NAME), arrays)
-    with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as f:
-        json.dump(config_dict, f, indent=2, sort_keys=True)
-        f.write("\n")
-    if vocab_file:
-        shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt"))
-    os.replace(tmp, output)
+    with paths.staged_dir(output) as tmp:
+        write_checkpoint(os.path.join(tmp, CKPT_NAME), arrays)
+        with open(os.path.join(tmp, CONFIG_NAME), "w", encoding="utf-8") as f:
+            json.dump(config_dict, f, indent=2, sort_keys=True)
+            f.write("\n")
+        if vocab_file:
+            paths.copy_file(vocab_file, os.path.join(tmp, "vocab.txt"))
     return os.path.join(output, CKPT_NAME)

@@ -153,3 +153,32 @@ def test_refusals(minilm, minilm_model_dir, minilm_dir, tmp_path):
     assert r.returncode != 0
     assert "has 2000 tokens but the checkpoint" in r.stderr and "vocab_size=30522" in r.stderr
     assert not os.path.exists(tmp_path / "o.npy")
+
+
+def test_input_and_features_in_a_bucket(tmp_path, monkeypatch):
+    """--input_file / --output_file as gs:// URIs (the fake bucket of tests/test_paths.py):
+    the sentences read from the bucket, the .npy and .jsonl written there equal to local
+    files, and a missing bucket folder named before any work."""
+    from tests.test_paths import fake_gcs
+
+    monkeypatch.chdir(tmp_path)
+    root = tmp_path / "bucket_root"
+    (root / "b" / "in").mkdir(parents=True)
+    (root / "b" / "in" / "s.txt").write_text("Is this a dagger\n\nI see thee still ||| yet\n")
+    features = [np.arange(8, dtype=np.float32).reshape(2, 4) * (i + 1) for i in range(2)]
+    with fake_gcs(str(root)):
+        examples = extract.read_examples("gs://b/in/s.txt")
+        assert [(e.line_index, e.text_a, e.text_b) for e in examples] == [
+            (0, "Is this a dagger", None), (2, "I see thee still", "yet")]
+        for name in ("f.npy", "f.jsonl"):
+            for where in (str(tmp_path / name), f"gs://b/out/{name}"):
+                if where.startswith("gs://"):
+                    (root / "b" / "out").mkdir(exist_ok=True)
+                extract.write_features(where, features, examples, [None] * 2, None, [-2, -1],
+                                       "mean")
+            assert (root / "b" / "out" / name).read_bytes() == (tmp_path / name).read_bytes()
+        with pytest.raises(FileNotFoundError, match="directory gs://b/nowhere does not exist"):
+            extract.check_output("gs://b/nowhere/f.npy", "mean")
+    np.testing.assert_array_equal(np.load(root / "b" / "out" / "f.npy"), np.stack(features))
+    assert sorted(os.listdir(root / "b" / "out")) == ["f.jsonl", "f.npy"]
+    assert not (tmp_path / "gs:").exists()

@@ -95,6 +95,40 @@ def test_heads_come_along_and_round_trip(tiny, tmp_path):
         assert json.load(f)["architectures"] == ["BertForPreTraining"]
 
 
+def test_exports_to_a_bucket_equal_local_exports(tiny, tmp_path, monkeypatch):
+    """to-hf and to-tf with a gs:// --output (the fake bucket of tests/test_paths.py): staged
+    in a local folder and uploaded, byte for byte the local exports; no ./gs:/ folder, no
+    staging left behind, and an existing output is refused."""
+    import tempfile
+
+    from tests.test_paths import fake_gcs
+
+    hf_cfg, state, _ = tiny
+    src = _hf_dir(tmp_path / "src", hf_cfg, state)
+    main(["from-hf", f"--input={src}", f"--output={tmp_path / 'm'}"])
+    monkeypatch.chdir(tmp_path)  # a URI taken for a local path would land here
+    root = tmp_path / "bucket_root"
+    root.mkdir()
+    staged = set(os.listdir(tempfile.gettempdir()))
+    for command in ("to-hf", "to-tf"):
+        main([command, f"--checkpoint={tmp_path / 'm'}", f"--output={tmp_path / command}"])
+        with fake_gcs(str(root)):
+            main([command, f"--checkpoint={tmp_path / 'm'}", f"--output=gs://b/{command}"])
+            with pytest.raises(SystemExit, match=f"gs://b/{command} already exists"):
+                main([command, f"--checkpoint={tmp_path / 'm'}", f"--output=gs://b/{command}"])
+        local = sorted(p.relative_to(tmp_path / command)
+                       for p in (tmp_path / command).rglob("*") if p.is_file())
+        remote = sorted(p.relative_to(root / "b" / command)
+                        for p in (root / "b" / command).rglob("*") if p.is_file())
+        assert remote == local and len(local) >= 2, (remote, local)
+        for rel in local:
+            assert (root / "b" / command / rel).read_bytes() == (
+                tmp_path / command / rel).read_bytes(), rel
+    assert sorted(os.listdir(root / "b")) == ["to-hf", "to-tf"]  # no .tmp left
+    assert not (tmp_path / "gs:").exists()
+    assert set(os.listdir(tempfile.gettempdir())) - staged == set()
+
+
 def test_errors_name_the_tensor_and_both_shapes(tiny, tmp_path):
     hf_cfg, state, _ = tiny
     bad = dict(state)
