@@ -104,6 +104,12 @@ def _open_weights(directory: str) -> tuple[dict[str, tuple], Callable[[str], np.
 
 def read_hf_dir(directory: str, progress: bool = False):
     """Returns (params, config, ImportReport, vocab file or None)."""
+    if paths.is_uri(directory):
+        raise ValueError(
+            f"{directory}: a Hugging Face directory is read from local disk (its weight files "
+            f"are memory-mapped); copy it to this machine first (gsutil -m cp -r), then "
+            f"convert it there with `python -m bert_jax.convert from-hf --output=gs://...` "
+            f"if a model directory in the bucket is what you need")
     config_path = os.path.join(directory, "config.json")
     if not os.path.isfile(config_path):
         raise FileNotFoundError(f"{config_path} not found: --input must be a Hugging Face "

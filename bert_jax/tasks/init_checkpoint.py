@@ -57,13 +57,6 @@ def open_init_checkpoint(path: str) -> InitSource:
     if paths.is_file(os.path.join(path, "config.json")):
         from bert_jax.convert.hf_files import read_hf_dir
 
-        if paths.is_uri(path):
-            raise ValueError(
-                f"train.init_checkpoint={path}: a Hugging Face directory is read from local "
-                f"disk (its weight files are memory-mapped); copy it to the machine first "
-                f"(gsutil -m cp -r), or convert it once to a model directory, which may stay "
-                f"in the bucket: python -m bert_jax.convert from-hf")
-
         params, config, _, vocab = read_hf_dir(path)
         return InitSource(path, "hf", config, vocab, params=params)
     from bert_jax.train.checkpoint import locate
