@@ -29,7 +29,9 @@ our MLM + NSP step took 0.73x and 0.88x its time in two runs (6.29 / 8.58 s, 7.3
 GFLOP at 104 GFLOP/s, where the same products compiled alone reach ~155 GFLOP/s (the nine
 Q / K / V products of one layer, forward and backward: 70 ms; one fused [768, 2304]
 product instead: 1.06x that). XLA's other dot backends were slower still
-(`benchmarks/compiler_options.py`).
+(`benchmarks/compiler_options.py`). Later that day, interleaved (medians of 7 steps):
+ours / torch = 7.97 / 9.20 s (0.87x; single steps up to 27-30 s under the VM's steal), ours /
+KerasHub = 6.38 / 7.97 s (0.80x, `anchor_kerashub.py --interleave --steps=7`).
 """
 
 from __future__ import annotations
