@@ -11,6 +11,7 @@ fsspec for gs://, s3://, ...), as orbax's own do.
 from __future__ import annotations
 
 import contextlib
+import glob as _glob
 import io
 import os
 import shutil
@@ -46,6 +47,24 @@ def makedirs(path) -> None:
     epath.Path(path).mkdir(parents=True, exist_ok=True)
 
 
+def glob(pattern) -> list[str]:
+    """Sorted matches of a glob pattern, local (`~` expanded) or a URI (matches named by URI).
+    Directories included, as glob.glob does."""
+    pattern = str(pattern)
+    if not is_uri(pattern):
+        return sorted(_glob.glob(os.path.expanduser(pattern)))
+    # epath globs relative to a directory: split at the first component with a wildcard.
+    scheme, rest = pattern.split("://", 1)
+    parts = rest.split("/")
+    first = next((i for i, x in enumerate(parts) if _glob.has_magic(x)), None)
+    if first is None:
+        return [pattern] if exists(pattern) else []
+    base = epath.Path(f"{scheme}://" + "/".join(parts[:first]))
+    if not base.is_dir():
+        return []
+    return sorted(str(p) for p in base.glob("/".join(parts[first:])))
+
+
 def exists(path) -> bool:
     return epath.Path(path).exists()
 
@@ -65,8 +84,12 @@ def rename(src, dst) -> None:
 
 
 def copy_file(src, dst) -> None:
-    """Copies a small file between any two places (a local vocab into a bucket, say)."""
-    epath.Path(dst).write_bytes(epath.Path(src).read_bytes())
+    """Copies a file between any two places (a local file into a bucket, say), streamed.
+    Written straight to `dst` (parents made): an object in a bucket appears whole when its
+    upload ends."""
+    epath.Path(dst).parent.mkdir(parents=True, exist_ok=True)
+    with epath.Path(src).open("rb") as f, epath.Path(dst).open("wb") as g:
+        shutil.copyfileobj(f, g, 16 << 20)
 
 
 @contextlib.contextmanager
@@ -117,9 +140,7 @@ def staged_dir(output) -> Iterator[str]:
                 target = epath.Path(output + ".tmp") / ("" if rel == "." else rel)
                 target.mkdir(parents=True, exist_ok=True)
                 for name in files:
-                    with open(os.path.join(dirpath, name), "rb") as src, \
-                            (target / name).open("wb") as dst:
-                        shutil.copyfileobj(src, dst, 16 << 20)
+                    copy_file(os.path.join(dirpath, name), target / name)
             rename(output + ".tmp", output)
         else:
             os.replace(local, output)

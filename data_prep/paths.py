@@ -11,22 +11,8 @@ import os
 
 from etils import epath
 
-
-def is_uri(path) -> bool:
-    return "://" in str(path)
-
-
-def _glob(pattern: str) -> list[str]:
-    if not is_uri(pattern):
-        return sorted(glob.glob(pattern))
-    # epath globs relative to a directory: split at the first component with a wildcard.
-    scheme, rest = pattern.split("://", 1)
-    parts = rest.split("/")
-    first = next(i for i, x in enumerate(parts) if glob.has_magic(x))
-    base = epath.Path(f"{scheme}://" + "/".join(parts[:first]))
-    if not base.is_dir():
-        return []
-    return sorted(str(p) for p in base.glob("/".join(parts[first:])))
+from bert_jax import paths as bert_paths
+from bert_jax.paths import is_uri
 
 
 def size(path: str) -> int:
@@ -43,7 +29,7 @@ def resolve_inputs(spec: str) -> list[str]:
         if not part:
             continue
         if glob.has_magic(part):
-            hits = _glob(part)
+            hits = bert_paths.glob(part) if is_uri(part) else sorted(glob.glob(part))
             if not hits:
                 raise InputError(f"--input_file: no file matches {part!r}")
             paths.extend(hits)

@@ -29,6 +29,7 @@ from typing import Iterator, Sequence
 import numpy as np
 from etils import epath
 
+from bert_jax import paths as bert_paths
 from data_prep import instances as inst
 from data_prep import paths as dp_paths
 from data_prep import tfrecord
@@ -300,8 +301,7 @@ class _Outputs:
             f.close()
         for t, p in zip(self.tmps, self.paths):
             if dp_paths.is_uri(p):
-                with open(t, "rb") as src, epath.Path(p).open("wb") as dst:
-                    shutil.copyfileobj(src, dst, 16 << 20)
+                bert_paths.copy_file(t, p)
                 os.remove(t)
             else:
                 os.replace(t, p)

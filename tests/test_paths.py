@@ -104,16 +104,6 @@ def test_model_directory_config_in_a_bucket(gcs):
     assert BertConfig.from_json_file("gs://b/m/bert_config.json") == config
 
 
-def test_text_data_needs_a_local_workdir():
-    from bert_jax.train import data as data_lib
-    from tests.train.common import tiny_config
-
-    config = tiny_config()
-    config.data.source = "tfrecord"
-    with pytest.raises(ValueError, match=r"gs://b/run: .*data.train_files"):
-        data_lib.make_train_data(config, "gs://b/run")
-
-
 def test_vocabularies_read_from_a_bucket(gcs):
     from bert_jax.data.tokenization import load_tokenizer
     from tests.conftest import REPO

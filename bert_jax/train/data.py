@@ -12,8 +12,9 @@ blank line between documents) or else from the sample corpus in data_prep/sample
 quick start). Every 20th document is held out for evaluation. The files are cached in the
 workdir (WORKDIR/sample_data/len<L>_pred<P>, or WORKDIR/text_data/len<L>_pred<P>_<hash> with
 a hash of the text files' paths, sizes and times, the vocabulary and the casing) and reused
-by a restart. Fine for a corpus of up to a few hundred MB; for more, run data_prep yourself
-and set `data.train_files`.
+by a restart. The workdir and the text files may be in a bucket (gs://...): the TFRecords
+are then built in a local temporary folder and uploaded. Fine for a corpus of up to a few
+hundred MB; for more, run data_prep yourself and set `data.train_files`.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import jax
+from etils import epath
 
 from bert_jax import paths
 
@@ -46,12 +50,6 @@ def make_train_data(config, workdir: str):
         raise ValueError(f"config.data.text_files={text_files!r} is set together with {other}: "
                          f"give raw text (text_files) or TFRecords (train_files), not both")
     build = config.data.source == "tfrecord" and not config.data.train_files
-    if build and paths.is_uri(workdir):
-        raise ValueError(
-            f"--workdir={workdir}: TFRecords from data.text_files or the sample corpus are "
-            f"built in a local workdir; with a bucket workdir, build them with "
-            f"data_prep/create_pretraining_data.py and set data.train_files (and "
-            f"data.eval_files)")
     if build:
         # Recorded in the checkpoints' config, so that the run carries its vocabulary
         # (`python -m bert_jax.convert from-workdir` copies it into the model directory).
@@ -83,7 +81,7 @@ def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int]:
     """Documents are separated by blank lines (the original input format)."""
     docs: list[str] = []
     for path in files:
-        with open(path, encoding="utf-8") as f:
+        with paths.open_text(path) as f:  # local or gs://
             current: list[str] = []
             for line in f:
                 if line.strip():
@@ -105,11 +103,19 @@ def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int]:
 def _text_corpus(spec: str) -> list[str]:
     files: list[str] = []
     for pattern in (p.strip() for p in spec.split(",") if p.strip()):
-        found = sorted(glob.glob(os.path.expanduser(pattern)))
+        found = paths.glob(pattern)
         if not found:
             raise FileNotFoundError(f"config.data.text_files: no file matches {pattern!r}")
-        files += [os.path.abspath(f) for f in found if os.path.isfile(f)]
+        files += [paths.resolve(f) for f in found if paths.is_file(f)]
     return sorted(set(files))
+
+
+def _stamp(path: str) -> tuple:
+    """Size and modification time: a changed text file gets new TFRecords."""
+    if paths.is_uri(path):
+        st = epath.Path(path).stat()
+        return st.length, st.mtime
+    return os.path.getsize(path), os.path.getmtime(path)
 
 
 def build_text_data(config, workdir: str) -> tuple[str, str]:
@@ -122,22 +128,26 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
     if spec:
         corpus = _text_corpus(spec)
         what = f"data.text_files ({len(corpus)} files)"
-        key = hashlib.sha1(repr([(f, os.path.getsize(f), os.path.getmtime(f)) for f in corpus]
-                                + [os.path.abspath(vocab), lower]).encode()).hexdigest()[:12]
-        out = os.path.join(os.path.abspath(workdir), "text_data", f"len{seq}_pred{pred}_{key}")
+        key = hashlib.sha1(repr([(f, *_stamp(f)) for f in corpus]
+                                + [paths.resolve(vocab), lower]).encode()).hexdigest()[:12]
+        out = paths.join(workdir, "text_data", f"len{seq}_pred{pred}_{key}")
     else:
         corpus = sorted(glob.glob(os.path.join(SAMPLE_CORPUS, "*.txt")))
         if not corpus:
             raise FileNotFoundError(f"no sample corpus under {SAMPLE_CORPUS}; set "
                                     f"--config.data.train_files or data.text_files")
         what = "the sample corpus"
-        out = os.path.join(os.path.abspath(workdir), "sample_data", f"len{seq}_pred{pred}")
+        out = paths.join(workdir, "sample_data", f"len{seq}_pred{pred}")
     train_glob = os.path.join(out, "train-*.tfrecord")
     eval_file = os.path.join(out, "eval.tfrecord")
     done = os.path.join(out, "DONE")
-    if jax.process_index() == 0 and not os.path.exists(done):
-        os.makedirs(out, exist_ok=True)
-        text_train, text_eval = os.path.join(out, "train.txt"), os.path.join(out, "eval.txt")
+    if jax.process_index() == 0 and not paths.is_file(done):
+        # A bucket workdir: built in a local temporary folder, then the TFRecords uploaded.
+        remote = paths.is_uri(out)
+        build_dir = tempfile.mkdtemp(prefix="bert_jax-text_data-") if remote else out
+        os.makedirs(build_dir, exist_ok=True)
+        text_train = os.path.join(build_dir, "train.txt")
+        text_eval = os.path.join(build_dir, "eval.txt")
         n_train, n_eval = _split_documents(corpus, text_train, text_eval)
         if not n_train:
             raise ValueError(f"{what}: no documents in {corpus[:3]} ...")
@@ -145,8 +155,9 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
               f"{n_eval} held-out documents) into {out}", flush=True)
         vocab_flag = (f"--spm_model_file={vocab}" if vocab.endswith(".model")
                       else f"--vocab_file={vocab}")
-        outputs = [("train", text_train, os.path.join(out, "train-{shard:03d}.tfrecord"),
-                    SAMPLE_SHARDS)] + ([("eval", text_eval, eval_file, 1)] if n_eval else [])
+        outputs = [("train", text_train, os.path.join(build_dir, "train-{shard:03d}.tfrecord"),
+                    SAMPLE_SHARDS)] + ([("eval", text_eval, os.path.join(
+                        build_dir, "eval.tfrecord"), 1)] if n_eval else [])
         for name, text, output, shards in outputs:
             cmd = [sys.executable, os.path.join(REPO, "data_prep", "create_pretraining_data.py"),
                    f"--input_file={text}", f"--output_file={output}",
@@ -161,10 +172,16 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
             if result.returncode:
                 raise RuntimeError(f"building TFRecords from {what} failed "
                                    f"({' '.join(cmd)}):\n{result.stderr[-4000:]}")
-        with open(done, "w") as f:
-            f.write("ok\n")
+        if remote:
+            try:
+                for name in sorted(os.listdir(build_dir)):
+                    if name.endswith(".tfrecord"):
+                        paths.copy_file(os.path.join(build_dir, name), os.path.join(out, name))
+            finally:
+                shutil.rmtree(build_dir, ignore_errors=True)
+        epath.Path(done).write_text("ok\n")  # last: a build cut short is redone
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("text_data")
-    return train_glob, (eval_file if os.path.exists(eval_file) else "")
+    return train_glob, (eval_file if paths.exists(eval_file) else "")

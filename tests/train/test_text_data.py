@@ -119,3 +119,48 @@ def test_conflicting_or_unfit_settings_fail_before_anything_is_built(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing_vocab.txt"):
         data_lib.make_train_data(config, str(tmp_path / "run"))
     assert not (tmp_path / "run" / "text_data").exists()  # nothing was built
+
+
+def test_text_files_and_workdir_in_a_bucket(tmp_path, monkeypatch):
+    """data.text_files and the workdir in a bucket (the fake one of tests/test_paths.py): the
+    TFRecords are built in a local temporary folder and uploaded next to a DONE marker, the
+    same bytes as a local build of the same text, and a restart reuses them. (Reading them
+    back is TensorFlow's own gs:// support, which no fake reaches.)"""
+    import tempfile
+
+    from tests.test_paths import fake_gcs
+
+    monkeypatch.chdir(tmp_path)  # a URI taken for a local path would land here
+    root = tmp_path / "bucket_root"
+    (root / "b" / "corpus").mkdir(parents=True)
+    text = "\n\n".join(_documents(45)) + "\n"
+    (root / "b" / "corpus" / "a.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "a.txt").write_text(text, encoding="utf-8")
+    def config(text_files):  # as make_train_data completes it before building
+        c = _config(text_files)
+        c.data.vocab_file = data_lib.SAMPLE_VOCAB
+        return c
+
+    local_train, local_eval = data_lib.build_text_data(config(str(tmp_path / "a.txt")),
+                                                       str(tmp_path / "run"))
+    staged = set(os.listdir(tempfile.gettempdir()))
+    with fake_gcs(str(root)):
+        train, eval_file = data_lib.build_text_data(config("gs://b/corpus/*.txt"),
+                                                    "gs://b/run/")
+        built = next((root / "b" / "run" / "text_data").iterdir())
+        assert train == f"gs://b/run/text_data/{built.name}/train-*.tfrecord"
+        assert eval_file == f"gs://b/run/text_data/{built.name}/eval.tfrecord"
+        assert sorted(os.listdir(built)) == ["DONE", "eval.tfrecord"] + [
+            f"train-00{i}.tfrecord" for i in range(4)]
+        local = os.path.dirname(local_train)
+        for name in os.listdir(built):
+            if name.endswith(".tfrecord"):
+                assert (built / name).read_bytes() == open(os.path.join(local, name),
+                                                           "rb").read(), name
+        before = _files(built)
+        monkeypatch.setattr(data_lib.subprocess, "run", lambda *a, **k: 1 / 0)  # no rebuild
+        assert data_lib.build_text_data(config("gs://b/corpus/*.txt"), "gs://b/run") == (
+            train, eval_file)
+        assert _files(built) == before
+    assert local_eval and not (tmp_path / "gs:").exists()
+    assert set(os.listdir(tempfile.gettempdir())) - staged == set()
