@@ -112,8 +112,13 @@ def write_atomic(path, mode: str = "w") -> Iterator[TextIO]:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = epath.Path(f"{path}.tmp")
     kwargs = {} if "b" in mode else {"encoding": "utf-8"}
-    with tmp.open(mode, **kwargs) as f:
-        yield f
+    try:
+        with tmp.open(mode, **kwargs) as f:
+            yield f
+    except BaseException:
+        if tmp.exists():
+            tmp.unlink()
+        raise
     tmp.replace(target)
 
 

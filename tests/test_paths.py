@@ -141,3 +141,19 @@ def test_a_profile_of_a_bucket_run_lands_in_the_bucket(gcs):
     traces = list((gcs / "b" / "run" / "profile").glob("plugins/profile/*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0
     assert not os.path.exists(profiler.local)  # the local staging copy is removed
+
+
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_write_atomic_keeps_the_old_file_when_writing_fails(gcs, tmp_path, where):
+    path = str(tmp_path / "out" / "p.tsv") if where == "local" else "gs://b/out/p.tsv"
+    on_disk = tmp_path / "out" / "p.tsv" if where == "local" else gcs / "b" / "out" / "p.tsv"
+    with paths.write_atomic(path) as f:  # parents made
+        f.write("index\tprediction\n0\t1\n")
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        with paths.write_atomic(path) as f:
+            f.write("index\tprediction\n")
+            raise RuntimeError("disk on fire")
+    assert on_disk.read_text() == "index\tprediction\n0\t1\n"
+    assert sorted(os.listdir(on_disk.parent)) == ["p.tsv"]  # no .tmp left behind
+    with paths.open_text(path, newline="") as f:
+        assert f.read() == "index\tprediction\n0\t1\n"
