@@ -29,7 +29,7 @@ def resolve_inputs(spec: str) -> list[str]:
         if not part:
             continue
         if glob.has_magic(part):
-            hits = bert_paths.glob(part) if is_uri(part) else sorted(glob.glob(part))
+            hits = bert_paths.glob(part)  # local or gs://, sorted
             if not hits:
                 raise InputError(f"--input_file: no file matches {part!r}")
             paths.extend(hits)

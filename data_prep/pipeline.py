@@ -111,7 +111,7 @@ def iter_lines(path: str, stats: Stats) -> Iterator[str]:
         return text.split("\n")
 
     rest = b""
-    with (epath.Path(path).open("rb") if dp_paths.is_uri(path) else open(path, "rb")) as f:
+    with epath.Path(path).open("rb") as f:  # local or gs://
         while True:
             block = f.read(_READ_BLOCK)
             stats.input_bytes += len(block)
