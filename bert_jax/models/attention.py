@@ -1,11 +1,14 @@
-"""Multi-head self-attention with a padding mask; softmax in float32."""
+"""Multi-head self-attention: the projections, then one of the attention paths of
+`models/attention_ops` (chosen by `model.attention` and the platform)."""
 
 from __future__ import annotations
 
 import flax.linen as nn
-import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
+from bert_jax.models import attention_ops
+from bert_jax.models.attention_ops import xla as xla_attention
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
 from bert_jax.models.layers import weight_init, zeros_init
@@ -13,7 +16,10 @@ from bert_jax.models.layers import weight_init, zeros_init
 
 class BertSelfAttention(nn.Module):
     """Projections are [embed] -> [heads, kv] DenseGenerals so that tensor parallelism can
-    shard heads without reshapes; the Hugging Face / TF layout is a reshape of these."""
+    shard heads without reshapes; the Hugging Face / TF layout is a reshape of these.
+
+    Names for the remat policies (models/remat.py): "query", "key", "value" (projections,
+    compute dtype) and "context" (the attention output before the output projection)."""
 
     config: BertConfig
     deterministic: bool = True
@@ -22,24 +28,31 @@ class BertSelfAttention(nn.Module):
     def __call__(self, x, mask):
         """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token)."""
         c = self.config
-        proj = lambda name: nn.DenseGeneral(  # noqa: E731
+        proj = lambda name, **kw: nn.DenseGeneral(  # noqa: E731
             features=(c.num_attention_heads, c.head_dim), axis=-1,
             dtype=c.compute_dtype, param_dtype=c.storage_dtype,
             kernel_init=weight_init(c, ("embed", "heads", "kv")),
-            bias_init=zeros_init(("heads", "kv")), name=name)
-        q = proj("query")(x)  # [batch, q_length, heads, kv]
-        k = proj("key")(x)
-        v = proj("value")(x)
-        q = q / jnp.sqrt(c.head_dim).astype(q.dtype)
+            bias_init=zeros_init(("heads", "kv")), name=name, **kw)
+        if c.fused_qkv:
+            q, k, v = _fused_projection(proj, x)
+        else:  # [batch, length, heads, kv] each
+            q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
+        q = checkpoint_name(q, "query")
+        k = checkpoint_name(k, "key")
+        v = checkpoint_name(v, "value")
 
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k).astype(jnp.float32)
-        # Padded keys get the lowest float32: exp underflows to exactly 0, and a row with
-        # no real key at all (an all-padding eval filler) stays finite (uniform).
-        scores = jnp.where(mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(c.compute_dtype)
-        probs = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)(
-            probs, deterministic=self.deterministic)
-        ctx = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+        drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
+        training = not self.deterministic and c.attention_probs_dropout_prob > 0
+        impl = attention_ops.resolve(c.attention, attention_ops.platform(), c, training)
+        if impl == "xla":
+            ctx = xla_attention.attention(
+                q, k, v, mask[:, None, :],
+                dropout=lambda p: drop(p, deterministic=self.deterministic))
+        else:
+            ctx = attention_ops.fused(
+                impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
+                dropout_key=drop.make_key() if training else None)
+        ctx = checkpoint_name(ctx, "context")
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
 
         return nn.DenseGeneral(
@@ -47,3 +60,26 @@ class BertSelfAttention(nn.Module):
             dtype=c.compute_dtype, param_dtype=c.storage_dtype,
             kernel_init=weight_init(c, ("heads", "kv", "embed")),
             bias_init=zeros_init(("embed",)), name="output")(ctx)
+
+
+def _fused_projection(proj, x):
+    """Q, K, V from one [embed] x [embed, 3, heads, kv] product (and one product for the
+    input gradient in the backward pass) instead of three, with the parameters of the
+    three DenseGenerals unchanged (names, shapes, initialisation: checkpoints and converters
+    see no difference). Each DenseGeneral is applied to a single zero row with a
+    dot_general that hands back its (dtype-promoted) kernel, so its output is its bias."""
+    kernels, biases = [], []
+    for name in ("query", "key", "value"):
+        grabbed = {}
+
+        def grab(lhs, kernel, dims, precision=None, grabbed=grabbed):
+            grabbed["kernel"] = kernel
+            return jnp.zeros(lhs.shape[:1] + kernel.shape[1:], lhs.dtype)
+
+        biases.append(proj(name, dot_general=grab)(jnp.zeros((1, x.shape[-1]), x.dtype))[0])
+        kernels.append(grabbed["kernel"])
+    kernel = jnp.stack(kernels, axis=1)  # [embed, 3, heads, kv]
+    kernel = nn.with_logical_constraint(kernel, ("embed", None, "heads", "kv"))
+    x = x.astype(kernel.dtype)
+    qkv = jnp.einsum("ble,ethd->blthd", x, kernel) + jnp.stack(biases)  # [b, l, 3, h, kv]
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]

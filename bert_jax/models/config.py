@@ -26,7 +26,9 @@ ORIGINAL_KEYS = (
 )
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu", "tanh", "silu")
-REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable")
+REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "minimal",
+                  "minimal_ffn")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
 DTYPES = ("float32", "bfloat16", "float16")
 DROPOUT_RNGS = ("hash", "jax")
 
@@ -43,8 +45,15 @@ class BertConfig:
       layer_norm_eps: LayerNorm epsilon (1e-12 as the original TF code).
       pre_ln: LayerNorm before each sub-layer (plus a final one) instead of after (paper).
       dtype: compute dtype; param_dtype: storage dtype of the parameters.
-      remat: activation checkpointing of each layer: none / full / dots_saveable /
-        dots_with_no_batch_dims_saveable.
+      remat: what each layer keeps for the backward pass (see models/remat.py): none
+        (everything XLA keeps), full (only the layer input; recompute the rest), minimal
+        (the layer input, Q / K / V, the attention context and the residual-stream values
+        before each LayerNorm, all in the compute dtype; the FFN and the attention scores
+        are recomputed), minimal_ffn (minimal plus the FFN's pre-activation), or jax's
+        dots_saveable / dots_with_no_batch_dims_saveable.
+      attention: the attention path (models/attention_ops): auto / xla / cudnn / pallas.
+      fused_qkv: compute Q, K and V with one product against the three kernels stacked
+        (parameters unchanged); False keeps three products (the XLA path's numerics).
       scan_layers: run the layer stack with `nn.scan` (params stacked on a leading
         "layers" axis): compile time independent of depth.
       dropout_rng: how dropout masks are drawn: "hash" (default: one threefry draw per
@@ -72,6 +81,8 @@ class BertConfig:
     remat: str = "none"
     scan_layers: bool = False
     dropout_rng: str = "hash"
+    attention: str = "auto"
+    fused_qkv: bool = False
 
     def __post_init__(self):
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -95,6 +106,9 @@ class BertConfig:
             raise ConfigError(f"BertConfig.hidden_act={self.hidden_act!r}; expected one of {ACTIVATIONS}")
         if self.remat not in REMAT_POLICIES:
             raise ConfigError(f"BertConfig.remat={self.remat!r}; expected one of {REMAT_POLICIES}")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ConfigError(
+                f"BertConfig.attention={self.attention!r}; expected one of {ATTENTION_IMPLS}")
         if self.dropout_rng not in DROPOUT_RNGS:
             raise ConfigError(
                 f"BertConfig.dropout_rng={self.dropout_rng!r}; expected one of {DROPOUT_RNGS}")

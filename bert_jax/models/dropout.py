@@ -90,6 +90,11 @@ class Dropout(nn.Module):
     impl: str = "jax"
     rng_collection: str = "dropout"
 
+    def make_key(self) -> jax.Array:
+        """The key this module's __call__ would draw its mask from (same rng stream): for
+        kernels that regenerate the hash mask themselves (attention_ops)."""
+        return self.make_rng(self.rng_collection)
+
     @nn.compact
     def __call__(self, x, deterministic: bool = True):
         if self.impl not in DROPOUT_RNGS:

