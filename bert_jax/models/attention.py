@@ -43,7 +43,10 @@ class BertSelfAttention(nn.Module):
 
         drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
-        impl = attention_ops.resolve(c.attention, attention_ops.platform(), c, training)
+        # Init only needs shapes, and is traced without the step's mesh (so without the
+        # platform it compiles for): every path has the same parameters.
+        impl = "xla" if self.is_initializing() else attention_ops.resolve(
+            c.attention, attention_ops.platform(), c, training)
         if impl == "xla":
             ctx = xla_attention.attention(
                 q, k, v, mask[:, None, :],

@@ -90,3 +90,67 @@ def test_fused_qkv_has_the_same_parameters_and_results():
     want = _outputs_and_grads(config, params, deterministic=False)
     got = _outputs_and_grads(fused, params, deterministic=False)
     _assert_close(got, want)
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_pallas_path_equals_xla_through_the_model(dropout):
+    config = tiny_config(attention_probs_dropout_prob=0.3 if dropout else 0.0)
+    params = _params(config)
+    want = _outputs_and_grads(config, params, deterministic=not dropout)
+    got = _outputs_and_grads(config.replace(attention="pallas"), params,
+                             deterministic=not dropout)
+    _assert_close(got, want)
+
+
+# Runs in a subprocess with 4 CPU devices: the model's outputs and parameter gradients with
+# attention=pallas (dropout on) under a (data=2, fsdp=1, tensor=2) mesh, against
+# attention=xla on one device. Prints the largest relative differences.
+_MESH_WORKER = r"""
+import json, sys
+import flax, jax, jax.numpy as jnp, numpy as np
+sys.path.insert(0, sys.argv[1])
+from bert_jax import sharding as sharding_lib
+from bert_jax.models import BertForPreTraining
+from bert_jax.train.state import mesh_context
+from tests.models.helpers import random_batch, tiny_config
+from tests.models.test_attention_ops import POSITIONS
+
+config = tiny_config(attention_probs_dropout_prob=0.3, num_attention_heads=4)
+ids, mask, types = random_batch(config)
+ids, mask, types = [jnp.concatenate([a, a[:1]]) for a in (ids, mask, types)]  # batch 4
+positions = jnp.concatenate([POSITIONS, POSITIONS[:1]])
+params = flax.linen.meta.unbox(BertForPreTraining(config).init(
+    jax.random.PRNGKey(1), ids, masked_lm_positions=positions)["params"])
+
+def run(cfg):
+    model = BertForPreTraining(cfg)
+    def loss(p):
+        mlm, nsp = model.apply({"params": p}, ids, mask, types, masked_lm_positions=positions,
+                               deterministic=False, rngs={"dropout": jax.random.PRNGKey(5)})
+        return jnp.sum(jnp.sin(mlm)) + jnp.sum(nsp ** 2), mlm
+    (_, mlm), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    return [np.asarray(mlm)] + [np.asarray(g) for g in jax.tree_util.tree_leaves(grads)]
+
+want = run(config)
+mesh_config = dict(data=2, fsdp=1, tensor=2)
+import ml_collections
+mesh = sharding_lib.make_mesh(ml_collections.ConfigDict(mesh_config))
+with mesh_context(mesh, sharding_lib.DEFAULT_RULES):
+    got = run(config.replace(attention="pallas"))
+err = max(float(np.max(np.abs(g - w)) / max(1.0, float(np.max(np.abs(w)))))
+          for g, w in zip(got, want))
+print(json.dumps({"devices": jax.device_count(), "max_err": err}))
+"""
+
+
+def test_pallas_path_on_a_mesh_equals_one_device_xla():
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    out = subprocess.run([sys.executable, "-c", _MESH_WORKER, REPO], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    import json
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 4
+    # The same dropout masks on every shard (offsets), float32 rounding only.
+    assert result["max_err"] < 1e-5, result

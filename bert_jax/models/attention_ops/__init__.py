@@ -98,8 +98,6 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
     import flax.linen as nn
     from jax.sharding import PartitionSpec as P
 
-    from bert_jax.models.attention_ops import cudnn, pallas_flash
-
     heads = q.shape[2]
     seeds = None
     if dropout_key is not None and dropout_rate > 0:
@@ -107,7 +105,9 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
 
     def local(q, k, v, kv_mask, seeds, batch_axes, head_axes):
         if impl == "cudnn":
+            from bert_jax.models.attention_ops import cudnn
             return cudnn.attention(q, k, v, kv_mask)
+        from bert_jax.models.attention_ops import pallas_flash
         batch_offset = head_offset = 0
         if batch_axes:
             batch_offset = jax.lax.axis_index(batch_axes) * q.shape[0]

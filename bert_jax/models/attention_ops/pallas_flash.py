@@ -1,0 +1,374 @@
+"""Flash attention in Pallas with the hash attention-probability dropout inside the kernel.
+
+    o = flash_attention(q, k, v, q_segment_ids, kv_segment_ids, dropout_rate=0.1,
+                        seeds=jax.random.bits(dropout_key, (2,), jnp.uint32))
+
+The numerics of the XLA reference (xla.py) with FlashAttention-2's schedule: the [q, k]
+probabilities never leave the kernel. Forward: one program per (query block, example, head)
+walks the key blocks with an online softmax; it writes the output and the float32
+log-sum-exp of every query row. Backward (custom_vjp): D_i = rowsum(dO * O) in XLA, then one
+kernel per key block (dK, dV) and one per query block (dQ), each recomputing the
+probabilities block by block from the log-sum-exp.
+
+Dropout: element (b, h, i, j) of the mask is the one `dropout.keep_mask(key, (B_total,
+H_total, q_len, kv_len), rate)` draws, bit for bit: row = (b_global * H_total + h_global) *
+q_len + i (wrapping uint32), col = j, hash = fmix32((fmix32(row ^ s0) ^ s1) + col * GOLDEN),
+kept iff hash >= drop_threshold(rate). The kernels regenerate it from (seeds, offsets, block
+position) in the forward and in both backward kernels; nothing mask-sized is stored.
+With dropout, O = (P * Z) V with Z = keep * scale, so dV = (P * Z)^T dO, dP = (dO V^T) * Z and
+dS = P * (dP - D_i), where D_i = sum_j P_ij dP_ij = dO_i . O_i still holds.
+
+Lowered through Triton on GPU; on CPU it runs in Pallas' interpret mode (tests only: slow).
+Tests: tests/models/test_pallas_flash.py (against xla.attention + Dropout(impl="hash")).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from bert_jax.models.attention_ops import platform
+from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
+
+# A disallowed score is the lowest float32, exactly as in xla.py: exp underflows to 0 next to
+# any real score, and a row with no allowed key (all scores equal) is uniform over its keys.
+_MASKED = float(np.finfo(np.float32).min)
+
+
+class _Cfg(NamedTuple):
+    """Static parameters of one call (hashable: custom_vjp's nondiff argument)."""
+    q_len: int            # unpadded lengths: the dropout row index uses q_len
+    kv_len: int
+    kv_padded: bool       # keys beyond kv_len were added to fill the last block
+    q_scale: float        # sqrt(head_dim) rounded to the compute dtype, as xla.py divides q by
+    threshold: int        # dropout drop threshold (uint32); 0 = no dropout
+    keep_scale: float     # 1 / (1 - threshold / 2**32) rounded to the compute dtype
+    total_heads: int
+    fwd_blocks: tuple     # (block_q, block_k) of the forward kernel
+    bwd_blocks: tuple     # (block_q, block_k) of the two backward kernels
+    num_warps: int
+    num_stages: int
+    interpret: bool
+
+
+def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: float = 0.0,
+                    seeds=None, batch_offset=0, head_offset=0, total_heads=None,
+                    block_q=None, block_k=None, interpret=None):
+    """Softmax attention of q over k, v with in-kernel dropout on the probabilities.
+
+    q: <dtype>[batch, q_len, heads, head_dim] (unscaled: the kernel divides by
+    sqrt(head_dim)); k, v: <dtype>[batch, kv_len, heads, head_dim]; dtype float32, bfloat16
+    or float16. q_segment_ids: <int32>[batch, q_len], kv_segment_ids: <int32>[batch, kv_len]:
+    query i may attend key j iff their segment ids are equal (padding: q ones,
+    kv = input_mask). dropout_rate in [0, 1); seeds: <uint32>[2] =
+    jax.random.bits(dropout_key, (2,), jnp.uint32) (required when dropout_rate > 0).
+    batch_offset, head_offset (ints or traced int32 scalars) and total_heads place this call's
+    [batch, heads] inside the global array whose hash mask it reproduces (shard_map shards).
+    block_q, block_k: powers of two >= 16 (defaults: 128 x 64 forward, 64 x 64 backward);
+    lengths need not be multiples (padded inside). interpret: None = interpret mode iff the
+    current trace compiles for CPU (attention_ops.platform()).
+    Returns <dtype>[batch, q_len, heads, head_dim]; differentiable in q, k, v.
+    """
+    batch, q_len, heads, head_dim = q.shape
+    kv_len = k.shape[1]
+    if k.shape != (batch, kv_len, heads, head_dim) or v.shape != k.shape:
+        raise ValueError(f"q {q.shape}, k {k.shape}, v {v.shape}: expected [batch, length, "
+                         "heads, head_dim] with equal batch, heads, head_dim and k = v")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (jnp.float32, jnp.bfloat16,
+                                                              jnp.float16):
+        raise ValueError(f"q, k, v must share a dtype among float32/bfloat16/float16; got "
+                         f"{q.dtype}, {k.dtype}, {v.dtype}")
+    if q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len):
+        raise ValueError(f"segment ids {q_segment_ids.shape}, {kv_segment_ids.shape}; "
+                         f"expected {(batch, q_len)}, {(batch, kv_len)}")
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
+    threshold = drop_threshold(dropout_rate) if dropout_rate > 0 else 0
+    if threshold and seeds is None:
+        raise ValueError("dropout_rate > 0 needs seeds: jax.random.bits(key, (2,), uint32)")
+    if interpret is None:
+        plat = platform()
+        if plat not in ("cpu", "gpu"):
+            raise ValueError(f"the Pallas flash-attention kernel runs on GPU (or CPU in "
+                             f"interpret mode), not {plat}")
+        interpret = plat == "cpu"
+
+    fwd_blocks = (_block(block_q, 128, q_len), _block(block_k, 64, kv_len))
+    bwd_blocks = (_block(block_q, 64, q_len), _block(block_k, 64, kv_len))
+    q_pad = _round_up(q_len, max(fwd_blocks[0], bwd_blocks[0]))
+    kv_pad = _round_up(kv_len, max(fwd_blocks[1], bwd_blocks[1]))
+    d_pad = max(16, pl.next_power_of_2(head_dim))  # Triton: power-of-two tiles, dots >= 16
+    as_dtype = lambda x: float(np.asarray(x, q.dtype))  # noqa: E731 - round to compute dtype
+    cfg = _Cfg(q_len=q_len, kv_len=kv_len, kv_padded=kv_pad != kv_len,
+               q_scale=as_dtype(np.sqrt(np.float32(head_dim))),  # == jnp.sqrt(d).astype(dtype)
+               threshold=threshold,
+               keep_scale=as_dtype(1.0 / (1.0 - threshold / 2.0**32)) if threshold else 1.0,
+               total_heads=int(total_heads or heads), fwd_blocks=fwd_blocks,
+               bwd_blocks=bwd_blocks, num_warps=4, num_stages=2, interpret=bool(interpret))
+
+    if threshold:
+        seeds = jnp.asarray(seeds)
+        if seeds.shape != (2,) or seeds.dtype != jnp.uint32:
+            raise ValueError(f"seeds must be <uint32>[2], got {seeds.dtype}{seeds.shape}")
+        offsets = [jnp.asarray(o).astype(jnp.uint32) for o in (batch_offset, head_offset)]
+        params = jnp.stack([seeds[0], seeds[1], *offsets])
+    else:
+        params = jnp.zeros((4,), jnp.uint32)
+
+    # Padded query rows compute something finite and are sliced off (their cotangent is 0, so
+    # they add nothing to dK, dV); padded keys are excluded by index (score -inf, below
+    # _MASKED), so even a row with no allowed key averages exactly the kv_len real values.
+    def pad4(x, n):
+        return jnp.pad(x, ((0, 0), (0, n - x.shape[1]), (0, 0), (0, d_pad - head_dim)))
+
+    def pad2(x, n):
+        return jnp.pad(x.astype(jnp.int32), ((0, 0), (0, n - x.shape[1])))
+
+    o = _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), pad2(q_segment_ids, q_pad),
+               pad2(kv_segment_ids, kv_pad), params, cfg)
+    return o[:, :q_len, :, :head_dim]
+
+
+def _block(requested, default, length):
+    if requested is not None:
+        if requested < 16 or requested & (requested - 1):
+            raise ValueError(f"block sizes must be powers of two >= 16, got {requested}")
+        return requested
+    return min(default, max(16, pl.next_power_of_2(length)))
+
+
+def _round_up(n, m):
+    return -(-n // m) * m
+
+
+# ---------------------------------------------------------------- shared in-kernel pieces
+
+
+def _scaled_q(q, cfg):
+    """q / sqrt(head_dim) in the compute dtype, as xla.py (exact multiply for powers of 2)."""
+    c = cfg.q_scale
+    return q * (1.0 / c) if math.log2(c).is_integer() else q / c
+
+
+def _scores(q, k, q_seg, k_seg, k_start, cfg):
+    """<f32>[bq, bk] scores q k^T (float32 accumulation) with disallowed keys at _MASKED and
+    padded keys (index >= kv_len) at -inf, and the <bool>[bq, bk] segment mask."""
+    s = plgpu.dot(q, k, trans_b=True)
+    allowed = q_seg[:, None] == k_seg[None, :]
+    s = jnp.where(allowed, s, _MASKED)
+    if cfg.kv_padded:
+        col = k_start + lax.broadcasted_iota(jnp.int32, (1, s.shape[1]), 1)
+        s = jnp.where(col < cfg.kv_len, s, -jnp.inf)
+    return s, allowed
+
+
+def _row_hashes(params_ref, b, h, q_start, bq, cfg):
+    """<uint32>[bq]: fmix32(row ^ s0) ^ s1 for the block's global hash rows."""
+    u32 = lambda x: jnp.asarray(x).astype(jnp.uint32)  # noqa: E731
+    s0, s1, b_off, h_off = (params_ref[n] for n in range(4))
+    base = ((u32(b) + b_off) * np.uint32(cfg.total_heads) + u32(h) + h_off) * np.uint32(cfg.q_len)
+    rows = base + u32(q_start + lax.iota(jnp.int32, bq))
+    return _fmix32(rows ^ s0) ^ s1
+
+
+def _keep(row_hash, k_start, bk, cfg):
+    """<bool>[bq, bk]: True where dropout keeps the element (dropout.keep_mask's hash)."""
+    cols = (k_start + lax.iota(jnp.int32, bk)).astype(jnp.uint32) * np.uint32(_GOLDEN)
+    return _fmix32(row_hash[:, None] + cols[None, :]) >= np.uint32(cfg.threshold)
+
+
+def _probs(s, lse, cfg):
+    """<f32>[bq, bk] probabilities from the forward's log-sum-exp. A row with no allowed key
+    has lse = _MASKED + log(kv_len) == _MASKED in float32 (log(n) is far below half an ulp),
+    so exp(s - lse) = 1 there: it is rescaled to the reference's 1/kv_len (exact). No real
+    row has lse == _MASKED (its lse is >= its largest allowed score > _MASKED)."""
+    inv = jnp.where(lse == _MASKED, float(np.float32(1) / np.float32(cfg.kv_len)), 1.0)
+    return jnp.exp(s - lse[:, None]) * inv[:, None]
+
+
+def _compiler_params(cfg):
+    return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+# ------------------------------------------------------------------------------ forward
+
+
+def _fwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_ref, *, cfg):
+    """One (query block, example, head). q_ref: [bq, d]; k_ref, v_ref: [kv_pad, d];
+    qseg_ref: [bq]; kseg_ref: [kv_pad]. Writes o_ref: [bq, d], lse_ref: <f32>[bq]."""
+    bq, bk = cfg.fwd_blocks
+    qi, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    q = _scaled_q(q_ref[...], cfg)
+    q_seg = qseg_ref[...]
+    row_hash = _row_hashes(params_ref, b, h, qi * bq, bq, cfg) if cfg.threshold else None
+
+    def body(j, carry):
+        acc, m, l = carry
+        ks = pl.ds(j * bk, bk)
+        v = v_ref[ks, :]
+        s, _ = _scores(q, k_ref[ks, :], q_seg, kseg_ref[ks], j * bk, cfg)
+        # Online softmax in float32 (m: running max, l: running sum of exp(s - m)). The first
+        # key block always holds key 0 (a real key, score >= _MASKED), so m is finite from
+        # then on and exp(-inf - m) = 0 rescales the empty initial state.
+        m_new = jnp.maximum(m, jnp.max(s, axis=1))
+        alpha = jnp.exp(m - m_new)
+        p = jnp.exp(s - m_new[:, None])
+        l = alpha * l + jnp.sum(p, axis=1)
+        # Probabilities go to the compute dtype before dropout and the P.V product, as in the
+        # reference; 1/l and the dropout scale are applied to the float32 accumulator at the
+        # end (the same product, up to rounding of the compute dtype).
+        pv = p.astype(v.dtype)
+        if cfg.threshold:
+            pv = jnp.where(_keep(row_hash, j * bk, bk, cfg), pv, 0)
+        acc = acc * alpha[:, None] + plgpu.dot(pv, v)
+        return acc, m_new, l
+
+    init = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
+            jnp.zeros((bq,), jnp.float32))
+    acc, m, l = lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
+    o_ref[...] = (acc * (cfg.keep_scale / l)[:, None]).astype(o_ref.dtype)
+    lse_ref[...] = m + jnp.log(l)
+
+
+def _forward(q, k, v, q_seg, kv_seg, params, cfg):
+    """Padded inputs -> (o: [batch, q_pad, heads, d_pad], lse: <f32>[batch, heads, q_pad])."""
+    batch, q_pad, heads, d = q.shape
+    kv_pad = k.shape[1]
+    bq, _ = cfg.fwd_blocks
+    kv_spec = pl.BlockSpec((None, kv_pad, None, d), lambda i, b, h: (b, 0, h, 0))
+    q_spec = pl.BlockSpec((None, bq, None, d), lambda i, b, h: (b, i, h, 0))
+    return pl.pallas_call(
+        functools.partial(_fwd_kernel, cfg=cfg),
+        grid=(q_pad // bq, batch, heads),
+        in_specs=[pl.BlockSpec((4,), lambda i, b, h: (0,)), q_spec, kv_spec, kv_spec,
+                  pl.BlockSpec((None, bq), lambda i, b, h: (b, i)),
+                  pl.BlockSpec((None, kv_pad), lambda i, b, h: (b, 0))],
+        out_specs=[q_spec, pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, heads, q_pad), jnp.float32)],
+        compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+        name="flash_attention_fwd",
+    )(params, q, k, v, q_seg, kv_seg)
+
+
+# ----------------------------------------------------------------------------- backward
+
+
+def _dkdv_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_ref,
+                 delta_ref, dk_ref, dv_ref, *, cfg):
+    """One (key block, example, head). q_ref, do_ref: [q_pad, d]; k_ref, v_ref: [bk, d];
+    qseg_ref: [q_pad]; kseg_ref: [bk]; lse_ref, delta_ref: <f32>[q_pad]. Writes dk, dv."""
+    bq, bk = cfg.bwd_blocks
+    kj, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    k, v, k_seg = k_ref[...], v_ref[...], kseg_ref[...]
+
+    def body(i, carry):
+        dk, dv = carry
+        qs = pl.ds(i * bq, bq)
+        q, do = _scaled_q(q_ref[qs, :], cfg), do_ref[qs, :]
+        s, allowed = _scores(q, k, qseg_ref[qs], k_seg, kj * bk, cfg)
+        p = _probs(s, lse_ref[qs], cfg)
+        pv = p.astype(v.dtype)
+        dp = plgpu.dot(do, v, trans_b=True)  # d(P * Z), float32
+        if cfg.threshold:
+            keep = _keep(_row_hashes(params_ref, b, h, i * bq, bq, cfg), kj * bk, bk, cfg)
+            pv = jnp.where(keep, pv, 0)
+            dp = jnp.where(keep, dp * cfg.keep_scale, 0.0)  # dP = d(P * Z) * Z
+        dv = dv + plgpu.dot(pv, do, trans_a=True)  # keep_scale applied once at the end
+        # Disallowed entries get no gradient (xla.py's where): in a row with no allowed key
+        # P is uniform, not 0, so the select matters there.
+        ds = jnp.where(allowed, p * (dp - delta_ref[qs][:, None]), 0.0)
+        dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True)
+        return dk, dv
+
+    zeros = jnp.zeros(dk_ref.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body, (zeros, zeros))
+    dk_ref[...] = dk.astype(dk_ref.dtype)  # q was scaled already: dK = dS^T (q / sqrt(d))
+    dv_ref[...] = (dv * cfg.keep_scale).astype(dv_ref.dtype)
+
+
+def _dq_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_ref,
+               delta_ref, dq_ref, *, cfg):
+    """One (query block, example, head). q_ref, do_ref: [bq, d]; k_ref, v_ref: [kv_pad, d];
+    qseg_ref: [bq]; kseg_ref: [kv_pad]; lse_ref, delta_ref: <f32>[bq]. Writes dq."""
+    bq, bk = cfg.bwd_blocks
+    qi, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    q, do, q_seg = _scaled_q(q_ref[...], cfg), do_ref[...], qseg_ref[...]
+    lse, delta = lse_ref[...], delta_ref[...]
+    row_hash = _row_hashes(params_ref, b, h, qi * bq, bq, cfg) if cfg.threshold else None
+
+    def body(j, dq):
+        ks = pl.ds(j * bk, bk)
+        k = k_ref[ks, :]
+        s, allowed = _scores(q, k, q_seg, kseg_ref[ks], j * bk, cfg)
+        p = _probs(s, lse, cfg)
+        dp = plgpu.dot(do, v_ref[ks, :], trans_b=True)
+        if cfg.threshold:
+            keep = _keep(row_hash, j * bk, bk, cfg)
+            dp = jnp.where(keep, dp * cfg.keep_scale, 0.0)
+        ds = jnp.where(allowed, p * (dp - delta[:, None]), 0.0)
+        return dq + plgpu.dot(ds.astype(k.dtype), k)
+
+    dq = lax.fori_loop(0, k_ref.shape[0] // bk, body, jnp.zeros(dq_ref.shape, jnp.float32))
+    dq_ref[...] = (dq / cfg.q_scale).astype(dq_ref.dtype)  # chain rule through q / sqrt(d)
+
+
+def _backward(cfg, res, do):
+    q, k, v, q_seg, kv_seg, params, o, lse = res
+    batch, q_pad, heads, d = q.shape
+    kv_pad = k.shape[1]
+    bq, bk = cfg.bwd_blocks
+    do = do.astype(q.dtype)
+    # D_i = rowsum(dO * O) (FlashAttention-2); valid with dropout (see the module doc).
+    delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(jnp.float32), do.astype(jnp.float32))
+    args = (params, q, k, v, q_seg, kv_seg, do, lse, delta)
+    full = lambda n: pl.BlockSpec((None, n, None, d), lambda x, b, h: (b, 0, h, 0))  # noqa: E731
+    part = lambda n: pl.BlockSpec((None, n, None, d), lambda x, b, h: (b, x, h, 0))  # noqa: E731
+    seg_full = lambda n: pl.BlockSpec((None, n), lambda x, b, h: (b, 0))  # noqa: E731
+    seg_part = lambda n: pl.BlockSpec((None, n), lambda x, b, h: (b, x))  # noqa: E731
+    row_full = pl.BlockSpec((None, None, q_pad), lambda x, b, h: (b, h, 0))
+    row_part = pl.BlockSpec((None, None, bq), lambda x, b, h: (b, h, x))
+    params_spec = pl.BlockSpec((4,), lambda x, b, h: (0,))
+    common = dict(compiler_params=_compiler_params(cfg), interpret=cfg.interpret)
+
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkdv_kernel, cfg=cfg),
+        grid=(kv_pad // bk, batch, heads),
+        in_specs=[params_spec, full(q_pad), part(bk), part(bk), seg_full(q_pad), seg_part(bk),
+                  full(q_pad), row_full, row_full],
+        out_specs=[part(bk), part(bk)],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        name="flash_attention_bwd_dkdv", **common,
+    )(*args)
+    dq = pl.pallas_call(
+        functools.partial(_dq_kernel, cfg=cfg),
+        grid=(q_pad // bq, batch, heads),
+        in_specs=[params_spec, part(bq), full(kv_pad), full(kv_pad), seg_part(bq),
+                  seg_full(kv_pad), part(bq), row_part, row_part],
+        out_specs=part(bq),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        name="flash_attention_bwd_dq", **common,
+    )(*args)
+    return dq, dk, dv, None, None, None
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, q_seg, kv_seg, params, cfg):
+    """Padded [batch, q_pad, heads, d_pad] attention output (see flash_attention)."""
+    return _forward(q, k, v, q_seg, kv_seg, params, cfg)[0]
+
+
+def _flash_fwd(q, k, v, q_seg, kv_seg, params, cfg):
+    o, lse = _forward(q, k, v, q_seg, kv_seg, params, cfg)
+    return o, (q, k, v, q_seg, kv_seg, params, o, lse)
+
+
+_flash.defvjp(_flash_fwd, _backward)

@@ -1,0 +1,168 @@
+"""The Pallas flash-attention kernel (models/attention_ops/pallas_flash.py) in interpret mode on
+CPU against the XLA reference (attention_ops/xla.py) with the hash dropout of
+models/dropout.py (`Dropout(rate, impl="hash")` through flax apply): outputs and q, k, v
+gradients, with padding, dropout, several blocks, padded lengths and head dims, packed
+segments, and shard offsets. float32 throughout, so the two paths differ only by summation
+order: rtol 1e-5 (atol 1e-6 of the largest value)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax.models.attention_ops import pallas_flash, xla
+from bert_jax.models.dropout import Dropout, keep_mask
+
+KEY = jax.random.key(7)  # the flax "dropout" rng of the call
+
+
+def _dropout_key(rate):
+    """The key Dropout(rate, impl="hash") draws its mask from inside apply (flax derives
+    it from the rng passed in), i.e. what attention_ops hands the kernel."""
+    return Dropout(rate, impl="hash").apply({}, method="make_key", rngs={"dropout": KEY})
+
+
+def _seeds(rate):
+    return jax.random.bits(_dropout_key(rate), (2,), jnp.uint32)
+
+
+def _reference(q, k, v, q_seg, kv_seg, rate):
+    dropout = None
+    if rate:
+        dropout = lambda p: Dropout(rate, impl="hash").apply(  # noqa: E731
+            {}, p, deterministic=False, rngs={"dropout": KEY})
+    return xla.attention(q, k, v, q_seg[:, :, None] == kv_seg[:, None, :], dropout=dropout)
+
+
+def _kernel(q, k, v, q_seg, kv_seg, rate, **kw):
+    return pallas_flash.flash_attention(q, k, v, q_seg, kv_seg, dropout_rate=rate,
+                                        seeds=_seeds(rate) if rate else None,
+                                        block_q=16, block_k=16, **kw)
+
+
+def _inputs(batch, length, heads, head_dim, seed=0):
+    ks = jax.random.split(jax.random.key(seed), 4)
+    shape = (batch, length, heads, head_dim)
+    q, k, v, w = (jax.random.normal(x, shape, jnp.float32) for x in ks)
+    return q, k, v, w
+
+
+def _padding(batch, length):
+    """Row 0 full, rows 1.. trailing padding, the last row no real key at all."""
+    lengths = np.linspace(length, 0, batch).round().astype(int)
+    lengths[0] = length
+    kv_seg = (np.arange(length)[None, :] < lengths[:, None]).astype(np.int32)
+    return jnp.ones_like(kv_seg), jnp.asarray(kv_seg)
+
+
+def _value_and_grads(fn, q, k, v, w):
+    out, vjp = jax.vjp(fn, q, k, v)
+    return (out, *vjp(w))
+
+
+def _assert_close(got, want, rtol=1e-5, names=("out", "dq", "dk", "dv")):
+    for name, g, w in zip(names, got, want):
+        w = np.asarray(w)
+        assert np.abs(w).max() > 0.1, name  # a real signal, not zeros against zeros
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6 * max(1.0, np.abs(w).max()),
+                                   err_msg=name)
+
+
+@pytest.mark.parametrize("length, rate", [(32, 0.0), (32, 0.1), (24, 0.5)])
+def test_matches_reference_with_padding_and_dropout(length, rate):
+    # 32: two 16-blocks each way; 24: padded to 32 inside (the hash rows keep q_len = 24).
+    q, k, v, w = _inputs(3, length, 2, 16)
+    q_seg, kv_seg = _padding(3, length)
+    assert int(kv_seg[-1].sum()) == 0 and 0 < int(kv_seg[1].sum()) < length
+    want = _value_and_grads(lambda *a: _reference(*a, q_seg, kv_seg, rate), q, k, v, w)
+    got = _value_and_grads(lambda *a: _kernel(*a, q_seg, kv_seg, rate), q, k, v, w)
+    _assert_close(got, want)
+    # the row with no real key is the uniform average of all values, as in the reference
+    if rate == 0:
+        np.testing.assert_allclose(got[0][-1], jnp.broadcast_to(v[-1].mean(0), v[-1].shape),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_mask_is_the_reference_mask():
+    # One-hot values (v[j] = e_j) read the dropped probabilities back: out[b, i, h, j] =
+    # P[b, h, i, j] * keep[b, h, i, j] * scale. length 24 (padded to 32) and head_dim 24
+    # (padded to 32) exercise both paddings; without padding every P > 0, so the zeros of
+    # the output are exactly the dropped elements.
+    batch, length, heads, rate = 2, 24, 3, 0.5
+    q, k, _, _ = _inputs(batch, length, heads, length)
+    v = jnp.broadcast_to(jnp.eye(length)[None, :, None, :], (batch, length, heads, length))
+    seg = jnp.ones((batch, length), jnp.int32)
+    out = np.asarray(_kernel(q, k, v, seg, seg, rate))
+    keep = np.asarray(keep_mask(_dropout_key(rate), (batch, heads, length, length), rate))
+    assert 0.3 < keep.mean() < 0.7
+    np.testing.assert_array_equal(out.transpose(0, 2, 1, 3) != 0, keep)
+    ref = _reference(q, k, v, seg, seg, rate)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-7)
+
+
+def test_offsets_reproduce_the_slice_of_the_full_run():
+    # A shard that holds examples 2.. or heads 2.. of the global [4, 32, 4, 16] problem draws
+    # that part of the global mask when told its offsets (traced, as under shard_map).
+    rate = 0.5
+    q, k, v, w = _inputs(4, 32, 4, 16)
+    q_seg, kv_seg = _padding(4, 32)
+    full = _value_and_grads(lambda *a: _kernel(*a, q_seg, kv_seg, rate), q, k, v, w)
+
+    @jax.jit
+    def part(q, k, v, w, q_seg, kv_seg, batch_offset, head_offset):
+        fn = lambda *a: _kernel(*a, q_seg, kv_seg, rate, batch_offset=batch_offset,  # noqa: E731
+                                head_offset=head_offset, total_heads=4)
+        return _value_and_grads(fn, q, k, v, w)
+
+    two = jnp.int32(2)
+    by_batch = part(q[2:], k[2:], v[2:], w[2:], q_seg[2:], kv_seg[2:], two, jnp.int32(0))
+    for g, f in zip(by_batch, full):
+        np.testing.assert_array_equal(g, f[2:])
+    by_head = part(*(x[:, :, 2:] for x in (q, k, v, w)), q_seg, kv_seg, jnp.int32(0), two)
+    for g, f in zip(by_head, full):
+        np.testing.assert_array_equal(g, f[:, :, 2:])
+    # without the offsets the shard would draw another mask: the check above can fail
+    wrong = part(q[2:], k[2:], v[2:], w[2:], q_seg[2:], kv_seg[2:], jnp.int32(0), jnp.int32(0))
+    assert np.abs(np.asarray(wrong[0]) - np.asarray(full[0][2:])).max() > 0.1
+
+
+def test_packed_segments_are_block_diagonal():
+    # Row 0: two packed sequences (13 + 11 tokens) then padding; row 1: one sequence of 20.
+    rate = 0.1
+    q, k, v, w = _inputs(2, 32, 2, 16, seed=3)
+    seg = np.zeros((2, 32), np.int32)
+    seg[0, :13], seg[0, 13:24], seg[1, :20] = 1, 2, 1
+    seg = jnp.asarray(seg)
+    want = _value_and_grads(lambda *a: _reference(*a, seg, seg, rate), q, k, v, w)
+    got = _value_and_grads(lambda *a: _kernel(*a, seg, seg, rate), q, k, v, w)
+    _assert_close(got, want)
+    # and it is not the padding-only answer (segment 2 would see segment 1's keys)
+    padding_only = _kernel(q, k, v, jnp.ones_like(seg), (seg > 0).astype(jnp.int32), rate)
+    assert np.abs(np.asarray(padding_only[0, :24]) - np.asarray(want[0][0, :24])).max() > 0.1
+
+
+def test_bfloat16_close_to_the_float32_reference():
+    # bfloat16 inputs: the kernel rounds the probabilities to bfloat16 (relative precision
+    # 2**-8 = 0.4%), so against the float32 reference on the same (rounded) inputs it is
+    # compared at 1e-2 (a few bfloat16 ulps of O(1) values), not at float32's 1e-5; and it
+    # must be no further from it than twice the bfloat16 XLA reference is (~0.005 here).
+    rate = 0.1
+    q, k, v, _ = _inputs(2, 32, 2, 16)
+    q_seg, kv_seg = _padding(2, 32)
+    bf = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+    got = _kernel(*bf, q_seg, kv_seg, rate)
+    assert got.dtype == jnp.bfloat16
+    want = _reference(*(x.astype(jnp.float32) for x in bf), q_seg, kv_seg, rate)
+    got = np.asarray(got, np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-2, atol=1e-2)
+    xla_bf16 = np.asarray(_reference(*bf, q_seg, kv_seg, rate), np.float32)
+    assert np.abs(got - want).max() <= 2 * np.abs(xla_bf16 - want).max()
+
+
+def test_rejects_bad_arguments():
+    q = jnp.zeros((1, 16, 1, 16))
+    seg = jnp.ones((1, 16), jnp.int32)
+    with pytest.raises(ValueError, match="seeds"):
+        pallas_flash.flash_attention(q, q, q, seg, seg, dropout_rate=0.1)
+    with pytest.raises(ValueError, match="powers of two"):
+        pallas_flash.flash_attention(q, q, q, seg, seg, block_q=24)
