@@ -24,6 +24,7 @@ import numpy as np
 from bert_jax import optim, paths
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import device as data_device
+from bert_jax.models import attention_ops
 from bert_jax.train import checkpoint as ckpt_lib
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import state as state_lib
@@ -125,6 +126,11 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         raise ValueError(f"config.data.max_seq_length={seq_len} exceeds "
                          f"config.model.max_position_embeddings="
                          f"{model_cfg.max_position_embeddings}")
+    # The attention path each step will take on these devices (an explicit choice that
+    # cannot run here fails now, naming model.attention).
+    kernels = attention_ops.describe(
+        model_cfg, attention_ops.platform_name(mesh.devices.flat[0].platform),
+        deterministic_training=bool(config.train.deterministic))
     schedule = optim.make_schedule(config.schedule, total_steps(config))
     tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
     batch_sharding = data_device.batch_sharding(mesh, rules)
@@ -166,7 +172,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
     _info(is_main, f"model {n_params / 1e6:.2f}M params; mesh {dict(mesh.shape)}; "
                    f"{jax.device_count()} {jax.devices()[0].platform} devices, "
-                   f"{jax.process_count()} process(es); steps {start} -> {steps}")
+                   f"{jax.process_count()} process(es); steps {start} -> {steps}; {kernels}")
 
     # Stopping on a non-finite step (the default) needs no select of old against new state
     # in the step: the loop reads every step's flag before it saves or evaluates anything.
@@ -285,7 +291,8 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         writer.close()
     summary.update(eval_scalars)
     summary.update({"step": int(jax.device_get(state.step)), "preempted": preempted,
-                    "nonfinite_skipped": nonfinite_skipped, "peak_flops_source": peak_source})
+                    "nonfinite_skipped": nonfinite_skipped, "peak_flops_source": peak_source,
+                    "kernels": kernels})
     if is_main:
         _print_summary(summary, workdir)
     return summary
@@ -369,7 +376,7 @@ def _print_summary(summary: dict, workdir: str) -> None:
     if "eval/mlm_acc" in summary and "eval/mlm_acc_majority" in summary:
         print(f"eval MLM accuracy {summary['eval/mlm_acc']:.4f} vs. most-frequent-token "
               f"baseline {summary['eval/mlm_acc_majority']:.4f}", flush=True)
-    print(f"MFU against the {summary['peak_flops_source']}; metrics: "
+    print(f"{summary['kernels']}; MFU against the {summary['peak_flops_source']}; metrics: "
           f"{os.path.join(workdir, 'metrics.jsonl')}; checkpoints: "
           f"{os.path.join(workdir, 'checkpoints')}", flush=True)
 

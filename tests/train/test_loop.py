@@ -38,6 +38,9 @@ def test_skip_nonfinite_logs_and_continues(tmp_path):
     summary = loop.train(config, str(tmp_path), make_train_data=lambda c, w: NaNAtStep3(8),
                          make_eval_data=lambda c, w: None)
     assert summary["step"] == 5 and summary["nonfinite_skipped"] == 1
+    # The run's summary records the attention path of its steps (XLA on CPU under auto).
+    assert summary["kernels"] == ("attention xla (train), xla (eval) [model.attention=auto]; "
+                                  "remat none"), summary["kernels"]
     records = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
     assert [r["train/nonfinite"] for r in records] == [0, 0, 1, 0, 0]
@@ -277,3 +280,16 @@ def test_profile_traces_the_configured_steps(tmp_path, capsys):
                    for line in plane.lines for e in line.events if e.name == "train")
     assert steps == [2, 3]
     assert "profile of steps 2..3 in" in capsys.readouterr().out
+
+
+def test_attention_that_cannot_run_here_fails_before_any_data_or_compile(tmp_path):
+    from bert_jax.models.attention_ops import AttentionConfigError
+
+    config = tiny_config(steps=2)
+    config.model.attention = "cudnn"
+
+    def no_data(c, w):
+        raise AssertionError("the data was read before the attention check")
+
+    with pytest.raises(AttentionConfigError, match="model.attention=cudnn needs a GPU"):
+        loop.train(config, str(tmp_path), make_train_data=no_data, make_eval_data=no_data)

@@ -40,8 +40,21 @@ def platform() -> str:
     name = None
     if not mesh.empty and mesh.abstract_device is not None:
         name = mesh.abstract_device.platform
-    name = name or jax.default_backend()
+    return platform_name(name or jax.default_backend())
+
+
+def platform_name(name: str) -> str:
+    """A device's platform as the dispatch names it: "cuda" and "rocm" are "gpu"."""
     return "gpu" if name in ("cuda", "rocm", "gpu") else name
+
+
+def describe(config, plat: str, deterministic_training: bool = False) -> str:
+    """One line for logs and summaries: the attention path of the training steps and of the
+    evaluation steps, and the remat policy. Raises AttentionConfigError as resolve does."""
+    train = resolve(config.attention, plat, config, training=not deterministic_training)
+    evaluate = resolve(config.attention, plat, config, training=False)
+    return (f"attention {train} (train), {evaluate} (eval) [model.attention="
+            f"{config.attention}]; remat {config.remat}")
 
 
 def resolve(impl: str, plat: str, config, training: bool) -> str:
