@@ -1,0 +1,205 @@
+"""benchmarks/gpu_suite.py, the one command a GPU session runs: its --smoke mode goes through
+the same code paths on CPU (children per measurement, the table, the profile, the files
+under --out) with TensorFlow unimportable, as on the GPU image."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+CASES = {"base128": (4, 32, 5), "large128": (4, 32, 5), "large512": (2, 64, 10)}
+
+# Any `import tensorflow` (even one caught by a library probing for it) leaves a marker.
+_TF_BLOCKER = """import os, traceback
+with open(os.environ["GPU_SUITE_TF_MARKER"], "a") as f:
+    f.write("".join(traceback.format_stack()) + "\\n")
+raise ImportError("tensorflow is blocked by tests/test_gpu_suite.py")
+"""
+
+
+def _suite_module():
+    spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks/gpu_suite.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _positive(text: str) -> float:
+    value = float(text.rstrip("%x"))
+    assert value > 0 and math.isfinite(value), text
+    return value
+
+
+@pytest.mark.slow  # ~60-90 s on the 2-core CI machine: a dozen child processes
+def test_smoke_run(tmp_path):
+    block = tmp_path / "no_tf" / "tensorflow"
+    block.mkdir(parents=True)
+    (block / "__init__.py").write_text(_TF_BLOCKER)
+    marker = tmp_path / "tf_imported.txt"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+               GPU_SUITE_TF_MARKER=str(marker),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(block.parent), str(REPO),
+                                                        os.environ.get("PYTHONPATH")])))
+    env.pop("OUT", None)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/gpu_suite.py", "--smoke", f"--out={out}",
+         "--variants=base128:attention=xla;base128:remat=bogus"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    text = proc.stdout
+    assert proc.returncode == 0, (text[-3000:], proc.stderr[-3000:])
+    assert not marker.exists(), marker.read_text()[-3000:]
+    assert "tensorflow modules loaded by the children: none" in text
+
+    # The kernel check ran first: the Pallas kernel (interpret mode here) against the XLA
+    # path, float32 to rounding, bfloat16 to a few bf16 ulps.
+    checks = {(c["path"], c["dtype"], c["dropout"]): c for c in
+              json.loads((out / "gpu_suite.json").read_text())["checks"]["checks"]}
+    assert set(checks) == {("pallas", d, r) for d in ("float32", "bfloat16") for r in (0.1, 0.0)}
+    for (_, dtype, _), c in checks.items():
+        limit = 1e-5 if dtype == "float32" else 2e-2
+        assert c["out_err"] < limit and c["grad_err"] < limit, c
+    assert "  pallas  float32   dropout 0.1  output " in text
+
+    # The table: one default row per case with bert_jax and torch numbers, the variants.
+    table = text.split("== Results:", 1)[1].split("\n\n", 1)[0].splitlines()
+    rows = {}
+    for line in table[3:]:
+        cells = line.split()
+        if cells and cells[0] in CASES:
+            rows[(cells[0], cells[1])] = cells
+    for case in CASES:
+        cells = rows[(case, "default")]
+        assert len(cells) == 12, cells
+        assert cells[2] == "auto->xla", cells
+        assert cells[3] == ("none" if case == "base128" else "minimal_ffn+scan"), cells
+        jax_ms, jax_seq, mfu, torch_ms, torch_seq = map(_positive, cells[4:9])
+        assert cells[6].endswith("%") and mfu < 100, cells
+        assert cells[9] == "n/a" and cells[11] == "-", cells  # no torch.compile in smoke
+        _positive(cells[10])  # the ratio; checked against the JSON's figures below
+        batch = CASES[case][0]
+        for seq_s, ms in ((jax_seq, jax_ms), (torch_seq, torch_ms)):  # printed to 0.1
+            assert abs(seq_s - batch / ms * 1e3) <= 0.051 + 0.001 * seq_s, cells
+    xla = rows[("base128", "attention=xla")]
+    assert xla[2] == "xla->xla" and len(xla) == 9, xla
+    assert all(_positive(x) for x in xla[4:8]) and xla[8] == "-", xla  # ratio to torch eager
+    bogus = rows[("base128", "remat=bogus")]
+    assert bogus[4] == "ERR[1]", bogus  # a failed cell; the suite went on
+    assert "[1] base128 bert_jax remat=bogus: ConfigError: BertConfig.remat='bogus'" in text
+
+    # The profile of base128: XLA:CPU ops of 3 traced steps stand for the device kernels.
+    profile = text.split("== Profile: base128 bert_jax default, 3 traced steps ==", 1)[1]
+    assert "host threads' XLA ops" in profile, profile[:2000]
+    kernels = profile.split("calls/step", 1)[1].split("\n", 1)[1].split("\n\n", 1)[0]
+    kernels = kernels.splitlines()
+    assert 5 <= len(kernels) <= 15, kernels
+    shares = [float(k.split()[-1]) for k in kernels]
+    assert all(_positive(k.split()[-3]) for k in kernels)
+    assert shares == sorted(shares, reverse=True) and 0 < sum(shares) <= 100.1, shares
+
+    # The files under --out: few, small, and the report as printed.
+    files = sorted(os.listdir(out))
+    assert files == ["base128.xplane.pb", "base128_trace.json.gz", "gpu_suite.json",
+                     "gpu_suite.txt", "gpu_suite_children.log"], files
+    assert all(os.path.getsize(out / f) < 16 * 2 ** 20 for f in files)
+    assert (out / "gpu_suite.txt").read_text() == text
+    with gzip.open(out / "base128_trace.json.gz", "rt") as f:
+        assert json.load(f)["traceEvents"]
+    data = json.loads((out / "gpu_suite.json").read_text())
+    header = data["header"]
+    assert header["smoke"] is True and header["device_kind"] == "cpu", header
+    assert (header["steps"], header["warmup"]) == (2, 1)
+    assert header["jax"] and header["torch"] and header["transformers"], header
+    assert "--smoke" in header["argv"] and header["tensorflow_modules"] == []
+    by_kind = {}
+    for r in data["rows"]:
+        assert r["tensorflow_modules"] == [], r
+        by_kind[(r["case"], r["kind"], r["variant"])] = r
+    assert len(data["rows"]) == 8, sorted(by_kind)
+    for case, (batch, seq, preds) in CASES.items():
+        ours = by_kind[(case, "bert_jax", "default")]
+        theirs = by_kind[(case, "torch_eager", "eager")]
+        for r in (ours, theirs):
+            assert (r["batch"], r["seq"], r["preds"]) == (batch, seq, preds), r
+            assert r["config"] == "configs/bert_tiny.py" and "error" not in r, r
+            assert len(r["step_ms"]) == 2 and all(t > 0 for t in r["step_ms"]), r
+            assert abs(r["seq_per_s"] - batch / r["ms_per_step"] * 1e3) < 1e-6 * batch * 1e3
+            assert 8 < r["loss"] < 14, r  # ~ln(30522) + ln(2) at init
+        assert rows[(case, "default")][10] == f"{ours['seq_per_s'] / theirs['seq_per_s']:.2f}x"
+        assert rows[(case, "default")][4] == f"{ours['ms_per_step']:.1f}"
+        assert rows[(case, "default")][8] == f"{theirs['seq_per_s']:.1f}"
+        assert ours["model"] == dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
+                                     intermediate_size=512, vocab_size=30522), ours
+        assert ours["dtype"] == "bfloat16" and ours["attention_resolved"] == "xla", ours
+        assert ours["scan_layers"] is (case != "base128"), ours
+        assert 0 < ours["mfu"] < 1 and ours["flops_per_example"] > 0 and ours["compile_s"] > 0
+        assert ours["n_params"] == theirs["n_params"], (ours, theirs)  # the same model
+        assert theirs["attn_implementation"] == "sdpa" and theirs["autocast"] == "off", theirs
+        assert theirs["fused_adamw"] is False and theirs["labels_per_row"] == preds, theirs
+    assert by_kind[("base128", "bert_jax", "attention=xla")]["overrides"] == {"attention": "xla"}
+    assert by_kind[("base128", "bert_jax", "remat=bogus")]["remat"] == "bogus"
+    profile = data["profile"]
+    assert profile["case"] == "base128" and profile["events"] > 0, profile
+    assert profile["kernels"][0]["ms_per_step"] > 0 and profile["device_ms_per_step"] > 0
+
+
+def test_top_kernels_reads_gpu_stream_lines(tmp_path):
+    """The GPU trace layout (xprof's trace viewer JSON): kernels come from the device
+    process's "Stream #" lines, not its derived XLA Ops line nor the host's events."""
+    suite = _suite_module()
+    events = [
+        {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
+        {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "pid": 2, "tid": 7, "name": "thread_name",
+         "args": {"name": "Stream #7(Compute)"}},
+        {"ph": "M", "pid": 2, "tid": 8, "name": "thread_name",
+         "args": {"name": "Stream #8(MemcpyH2D)"}},
+        {"ph": "M", "pid": 2, "tid": 9, "name": "thread_name", "args": {"name": "XLA Ops"}},
+        {"ph": "X", "pid": 1, "tid": 1, "ts": 0, "dur": 900.0, "name": "PjitFunction(step)",
+         "args": {"hlo_op": "x"}},
+        {"ph": "X", "pid": 2, "tid": 9, "ts": 0, "dur": 500.0, "name": "fusion.1"},
+    ]
+    for i in range(3):  # 3 steps: one gemm (300 us), two fusions (50 us), one copy (20 us)
+        events += [
+            {"ph": "X", "pid": 2, "tid": 7, "ts": i, "dur": 300.0,
+             "name": "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64" + "x" * 40},
+            {"ph": "X", "pid": 2, "tid": 7, "ts": i, "dur": 25.0, "name": "loop_add_fusion"},
+            {"ph": "X", "pid": 2, "tid": 7, "ts": i, "dur": 25.0, "name": "loop_add_fusion"},
+            {"ph": "X", "pid": 2, "tid": 8, "ts": i, "dur": 20.0, "name": "MemcpyH2D"}]
+    path = tmp_path / "perfetto_trace.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"displayTimeUnit": "ns", "traceEvents": events}, f)
+    k = suite.top_kernels(str(path), steps=3)
+    assert k["source"] == "device stream lines", k
+    assert k["lines"] == ["Stream #7(Compute)", "Stream #8(MemcpyH2D)"]
+    assert k["events"] == 12 and abs(k["device_ms_per_step"] - 0.37) < 1e-9, k
+    names = [x["name"] for x in k["kernels"]]
+    assert names[0].startswith("sm90_xmma_gemm") and names[1:] == ["loop_add_fusion",
+                                                                   "MemcpyH2D"], names
+    gemm, fusion, copy = k["kernels"]
+    assert abs(gemm["ms_per_step"] - 0.3) < 1e-9 and gemm["calls_per_step"] == 1.0
+    assert abs(fusion["ms_per_step"] - 0.05) < 1e-9 and fusion["calls_per_step"] == 2.0
+    assert abs(gemm["pct"] + fusion["pct"] + copy["pct"] - 100) < 1e-9
+    assert abs(gemm["pct"] - 100 * 0.3 / 0.37) < 1e-9
+
+
+def test_variants_flag():
+    suite = _suite_module()
+    cases = ["base128", "large128", "large512"]
+    got = suite.parse_variants("attention=xla; base128+large512:model.remat=full,"
+                               "fused_qkv=true;;large128:hidden_dropout_prob=0.0", cases)
+    assert got == [("attention=xla", {"attention": "xla"}, set(cases)),
+                   ("remat=full,fused_qkv=True", {"remat": "full", "fused_qkv": True},
+                    {"base128", "large512"}),
+                   ("hidden_dropout_prob=0.0", {"hidden_dropout_prob": 0.0}, {"large128"})]
+    assert suite.parse_variants("", cases) == []
+    assert suite.preds_for(128) == 20 and suite.preds_for(512) == 77
