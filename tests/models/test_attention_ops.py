@@ -31,6 +31,7 @@ POSITIONS = jnp.array([[1, 2, 5], [3, 4, 0], [1, 2, 3]])
     ("xla", "gpu", "bfloat16", 0.1, "hash", True, "xla"),
     ("pallas", "cpu", "float32", 0.1, "hash", True, "pallas"),  # interpret mode
     ("cudnn", "gpu", "bfloat16", 0.1, "hash", False, "cudnn"),
+    ("pallas", "tpu", "bfloat16", 0.1, "hash", False, "pallas"),  # splash: eval only
 ])
 def test_resolve(impl, plat, dtype, rate, rng, training, want):
     config = tiny_config(dtype=dtype, attention_probs_dropout_prob=rate, dropout_rng=rng)
@@ -42,7 +43,8 @@ def test_resolve(impl, plat, dtype, rate, rng, training, want):
     ("cudnn", "gpu", "float32", 0.0, "hash", "bfloat16 or float16"),
     ("cudnn", "gpu", "bfloat16", 0.1, "hash", "attention_probs_dropout_prob=0"),
     ("pallas", "gpu", "bfloat16", 0.1, "jax", "dropout_rng=hash"),
-    ("pallas", "tpu", "bfloat16", 0.1, "hash", "not tpu"),
+    ("pallas", "tpu", "bfloat16", 0.1, "hash", "splash attention, which has no"),
+    ("pallas", "mps", "bfloat16", 0.0, "hash", "not mps"),
     ("flash", "gpu", "bfloat16", 0.1, "hash", "expected one of"),
 ])
 def test_explicit_choices_that_cannot_run_are_errors(impl, plat, dtype, rate, rng, message):
@@ -154,3 +156,23 @@ def test_pallas_path_on_a_mesh_equals_one_device_xla():
     assert result["devices"] == 4
     # The same dropout masks on every shard (offsets), float32 rounding only.
     assert result["max_err"] < 1e-5, result
+
+
+@pytest.mark.parametrize("length", [128, 100])
+def test_tpu_splash_path_equals_xla_in_interpret_mode(length):
+    from bert_jax.models.attention_ops import splash_tpu
+    from bert_jax.models.attention_ops import xla as xla_attention
+
+    b, h, d = 3, 2, 8
+    q, k, v = (jax.random.normal(r, (b, length, h, d)) for r in jax.random.split(
+        jax.random.PRNGKey(0), 3))
+    lengths = jnp.array([length, length - 29, 7])
+    mask = jnp.arange(length)[None] < lengths[:, None]
+    want, want_vjp = jax.vjp(lambda *a: xla_attention.attention(*a, mask[:, None, :]), q, k, v)
+    got, got_vjp = jax.vjp(lambda *a: splash_tpu.attention(*a, mask, interpret=True), q, k, v)
+    cot = jax.random.normal(jax.random.PRNGKey(5), want.shape)
+    _assert_close((got,) + got_vjp(cot), (want,) + want_vjp(cot))
+    # A row with no real key (eval filler) stays finite, gradients included.
+    empty = mask.at[2].set(False)
+    out, vjp = jax.vjp(lambda *a: splash_tpu.attention(*a, empty, interpret=True), q, k, v)
+    assert all(bool(jnp.all(jnp.isfinite(x))) for x in (out,) + vjp(cot))

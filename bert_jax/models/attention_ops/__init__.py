@@ -9,16 +9,18 @@ Paths (one file each):
           bfloat16 / float16). jax exposes no dropout for it, so it serves steps without
           attention-probability dropout: evaluation and prediction, and training with
           `model.attention_probs_dropout_prob=0`.
-  pallas  our flash-attention kernel (pallas_flash.py): probabilities never leave the
-          kernel, and the paper's attention-probability dropout is applied inside it with
-          the same counter-based hash masks as the XLA path (`model.dropout_rng="hash"`),
-          regenerated in the backward pass instead of stored. Lowers through Triton on GPU;
-          on CPU it runs in Pallas' interpret mode (tests only: slow).
+  pallas  on GPU (and CPU) our flash-attention kernel (pallas_flash.py): probabilities
+          never leave the kernel, and the paper's attention-probability dropout is applied
+          inside it with the same counter-based hash masks as the XLA path
+          (`model.dropout_rng="hash"`), regenerated in the backward pass instead of stored.
+          Lowers through Triton on GPU; on CPU it runs in Pallas' interpret mode (tests
+          only: slow). On TPU jax's splash attention (splash_tpu.py), without dropout.
 
 `auto` picks, per call: on GPU cuDNN when the call has no attention dropout (and the dtype is
 half precision), else the Pallas kernel when its masks can be the model's (hash masks);
-everywhere else XLA. An explicit choice that cannot run the call is an error naming
-`model.attention`, never a silent fallback.
+everywhere else XLA (on TPU too, until splash is measured against XLA there). An explicit
+choice that cannot run the call is an error naming `model.attention`, never a silent
+fallback.
 """
 
 from __future__ import annotations
@@ -86,10 +88,15 @@ def resolve(impl: str, plat: str, config, training: bool) -> str:
                 f"pallas (got attention_probs_dropout_prob="
                 f"{config.attention_probs_dropout_prob})")
     if impl == "pallas":
-        if plat not in ("gpu", "cpu"):
+        if plat not in ("gpu", "cpu", "tpu"):
             raise AttentionConfigError(
-                f"model.attention=pallas runs on GPU (and on CPU in interpret mode), not "
+                f"model.attention=pallas runs on GPU, TPU (and CPU in interpret mode), not "
                 f"{plat} (use auto or xla)")
+        if plat == "tpu" and dropout:
+            raise AttentionConfigError(
+                "model.attention=pallas on TPU is splash attention, which has no "
+                "attention-probability dropout; set model.attention_probs_dropout_prob=0 "
+                f"(got {config.attention_probs_dropout_prob}) or use auto / xla")
         if dropout and config.dropout_rng != "hash":
             raise AttentionConfigError(
                 "model.attention=pallas draws its attention-dropout masks in the kernel "
@@ -120,6 +127,9 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         if impl == "cudnn":
             from bert_jax.models.attention_ops import cudnn
             return cudnn.attention(q, k, v, kv_mask)
+        if platform() == "tpu":
+            from bert_jax.models.attention_ops import splash_tpu
+            return splash_tpu.attention(q, k, v, kv_mask)
         from bert_jax.models.attention_ops import pallas_flash
         batch_offset = head_offset = 0
         if batch_axes:
