@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bert_jax.models.attention_ops import platform
+
 
 def pretraining_loss(mlm_logits, nsp_logits: Optional[jnp.ndarray],
                      batch: Mapping[str, jnp.ndarray]):
@@ -42,7 +44,13 @@ def _weighted_xent(name: str, logits, labels, weights) -> dict:
     {name}_loss, {name}_acc, {name}_count, {name}_loss_sum, {name}_correct."""
     logits = logits.astype(jnp.float32)
     labels = labels.astype(jnp.int32)
-    xent = softmax_xent_int(logits, labels)
+    # On accelerators, a gradient without the vocab-sized scatter (softmax_xent_int). On
+    # CPU optax's autodiff as always: the values are the same, but XLA:CPU fuses the two
+    # graphs into different kernels downstream, and the CPU step stays bit for bit the one
+    # every earlier run and test took.
+    xent_fn = (optax.softmax_cross_entropy_with_integer_labels if platform() == "cpu"
+               else softmax_xent_int)
+    xent = xent_fn(logits, labels)
     count = jnp.sum(weights)
     loss_sum = jnp.sum(xent * weights)
     correct = jnp.sum((jnp.argmax(logits, -1) == labels) * weights)
@@ -53,8 +61,9 @@ def _weighted_xent(name: str, logits, labels, weights) -> dict:
 
 @jax.custom_vjp
 def softmax_xent_int(logits, labels):
-    """optax.softmax_cross_entropy_with_integer_labels (the same forward), whose gradient
-    softmax(logits) - one_hot(labels) is one elementwise expression: autodiff of the label
+    """optax.softmax_cross_entropy_with_integer_labels (the same forward and the same
+    gradient values), whose gradient softmax(logits) - one_hot(labels) is one elementwise
+    expression: autodiff of the label
     gather would scatter into a zeroed float32 [batch, P, vocab] array, a separate pass
     over the largest tensor of the MLM head. logits: <float>[..., vocab]; labels:
     <int>[...] -> <float>[...]."""
@@ -62,14 +71,21 @@ def softmax_xent_int(logits, labels):
 
 
 def _xent_fwd(logits, labels):
-    return softmax_xent_int(logits, labels), (logits, labels)
+    # optax's forward, op for op, keeping the log-normaliser's own vjp (its residuals).
+    lse, lse_vjp = jax.vjp(lambda x: jax.nn.logsumexp(x, axis=-1), logits)
+    label_logits = jnp.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return lse - label_logits, (lse_vjp, labels)
 
 
 def _xent_bwd(res, g):
-    logits, labels = res
-    hit = labels[..., None] == jax.lax.broadcasted_iota(labels.dtype, logits.shape,
-                                                          logits.ndim - 1)
-    grad = (jax.nn.softmax(logits, axis=-1) - hit.astype(logits.dtype)) * g[..., None]
+    lse_vjp, labels = res
+    # Autodiff's own terms, in its order, so the gradient is the same bit for bit: the
+    # log-normaliser's (softmax * g) plus the label gather's (-g at the label), here a
+    # select instead of a scatter-add into zeros.
+    grad = lse_vjp(g)[0]
+    hit = labels[..., None] == jax.lax.broadcasted_iota(labels.dtype, grad.shape,
+                                                          grad.ndim - 1)
+    grad = grad + jnp.where(hit, -g[..., None], jnp.zeros((), grad.dtype))
     return grad, np.zeros(labels.shape, jax.dtypes.float0)
 
 
