@@ -33,7 +33,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
+
+try:  # jax's Triton-specific Pallas options (num_warps, num_stages); optional
+    from jax.experimental.pallas import triton as _triton
+except ImportError:  # pragma: no cover - a jax without it compiles with Triton's defaults
+    _triton = None
 
 from bert_jax.models.attention_ops import platform
 from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
@@ -41,6 +45,13 @@ from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
 # A disallowed score is the lowest float32, exactly as in xla.py: exp underflows to 0 next to
 # any real score, and a row with no allowed key (all scores equal) is uniform over its keys.
 _MASKED = float(np.finfo(np.float32).min)
+
+
+def _dot(a, b, trans_a: bool = False, trans_b: bool = False):
+    """a @ b of two 2-D blocks (either transposed), accumulated in float32: what
+    pallas' dot does, through lax.dot_general, which every Pallas backend lowers."""
+    dims = (((0 if trans_a else 1,), (1 if trans_b else 0,)), ((), ()))
+    return lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
 
 class _Cfg(NamedTuple):
@@ -161,7 +172,7 @@ def _scaled_q(q, cfg):
 def _scores(q, k, q_seg, k_seg, k_start, cfg):
     """<f32>[bq, bk] scores q k^T (float32 accumulation) with disallowed keys at _MASKED and
     padded keys (index >= kv_len) at -inf, and the <bool>[bq, bk] segment mask."""
-    s = plgpu.dot(q, k, trans_b=True)
+    s = _dot(q, k, trans_b=True)
     allowed = q_seg[:, None] == k_seg[None, :]
     s = jnp.where(allowed, s, _MASKED)
     if cfg.kv_padded:
@@ -195,7 +206,11 @@ def _probs(s, lse, cfg):
 
 
 def _compiler_params(cfg):
-    return plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    params = (getattr(_triton, "CompilerParams", None)
+              or getattr(_triton, "TritonCompilerParams", None))
+    if params is None or cfg.interpret:  # pragma: no cover
+        return None
+    return params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 # ------------------------------------------------------------------------------ forward
@@ -228,7 +243,7 @@ def _fwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_
         pv = p.astype(v.dtype)
         if cfg.threshold:
             pv = jnp.where(_keep(row_hash, j * bk, bk, cfg), pv, 0)
-        acc = acc * alpha[:, None] + plgpu.dot(pv, v)
+        acc = acc * alpha[:, None] + _dot(pv, v)
         return acc, m_new, l
 
     init = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
@@ -277,16 +292,16 @@ def _dkdv_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, ls
         s, allowed = _scores(q, k, qseg_ref[qs], k_seg, kj * bk, cfg)
         p = _probs(s, lse_ref[qs], cfg)
         pv = p.astype(v.dtype)
-        dp = plgpu.dot(do, v, trans_b=True)  # d(P * Z), float32
+        dp = _dot(do, v, trans_b=True)  # d(P * Z), float32
         if cfg.threshold:
             keep = _keep(_row_hashes(params_ref, b, h, i * bq, bq, cfg), kj * bk, bk, cfg)
             pv = jnp.where(keep, pv, 0)
             dp = jnp.where(keep, dp * cfg.keep_scale, 0.0)  # dP = d(P * Z) * Z
-        dv = dv + plgpu.dot(pv, do, trans_a=True)  # keep_scale applied once at the end
+        dv = dv + _dot(pv, do, trans_a=True)  # keep_scale applied once at the end
         # Disallowed entries get no gradient (xla.py's where): in a row with no allowed key
         # P is uniform, not 0, so the select matters there.
         ds = jnp.where(allowed, p * (dp - delta_ref[qs][:, None]), 0.0)
-        dk = dk + plgpu.dot(ds.astype(q.dtype), q, trans_a=True)
+        dk = dk + _dot(ds.astype(q.dtype), q, trans_a=True)
         return dk, dv
 
     zeros = jnp.zeros(dk_ref.shape, jnp.float32)
@@ -310,12 +325,12 @@ def _dq_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_
         k = k_ref[ks, :]
         s, allowed = _scores(q, k, q_seg, kseg_ref[ks], j * bk, cfg)
         p = _probs(s, lse, cfg)
-        dp = plgpu.dot(do, v_ref[ks, :], trans_b=True)
+        dp = _dot(do, v_ref[ks, :], trans_b=True)
         if cfg.threshold:
             keep = _keep(row_hash, j * bk, bk, cfg)
             dp = jnp.where(keep, dp * cfg.keep_scale, 0.0)
         ds = jnp.where(allowed, p * (dp - delta[:, None]), 0.0)
-        return dq + plgpu.dot(ds.astype(k.dtype), k)
+        return dq + _dot(ds.astype(k.dtype), k)
 
     dq = lax.fori_loop(0, k_ref.shape[0] // bk, body, jnp.zeros(dq_ref.shape, jnp.float32))
     dq_ref[...] = (dq / cfg.q_scale).astype(dq_ref.dtype)  # chain rule through q / sqrt(d)
