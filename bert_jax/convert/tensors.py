@@ -19,11 +19,12 @@ import jax
 import numpy as np
 
 from bert_jax.models.config import BertConfig
+from bert_jax.errors import UserError
 
 Row = tuple[str, tuple, str]  # (source name, our path, kind)
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """A checkpoint that does not fit the config (missing tensors, wrong shapes, ...)."""
 
 

@@ -16,11 +16,12 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from bert_jax.data import features as features_lib
+from bert_jax.errors import UserError
 
 MAX_LINES = 20
 
 
-class DataCheckError(ValueError):
+class DataCheckError(UserError, ValueError):
     """Input records that do not match the config."""
 
 

@@ -20,10 +20,12 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
+from bert_jax.errors import UserError
+
 log = logging.getLogger(__name__)
 
 
-class CorruptShardError(RuntimeError):
+class CorruptShardError(UserError, RuntimeError):
     """A TFRecord file is truncated or corrupt."""
 
 

@@ -24,6 +24,7 @@ import sys
 from typing import Optional, Sequence
 
 from bert_jax import paths
+from bert_jax.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +71,7 @@ class ChoiceExample:
     label: Optional[int]
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """Input data that does not have the expected format; the message names the place."""
 
 

@@ -26,6 +26,8 @@ from typing import Sequence
 import numpy as np
 from etils import epath
 
+from bert_jax.errors import UserError
+
 # Special tokens every vocabulary must have for pre-training (the original names).
 # Printable ASCII that is neither a letter, a digit nor a space: all of it is punctuation
 # to BERT (each character is split off as its own word).
@@ -34,7 +36,7 @@ REQUIRED_SPECIAL = ("[UNK]", "[CLS]", "[SEP]", "[MASK]")
 MAX_INPUT_CHARS_PER_WORD = 100  # BERT's WordpieceTokenizer default: longer words -> [UNK]
 
 
-class VocabError(ValueError):
+class VocabError(UserError, ValueError):
     """A vocabulary file that cannot be used (missing special tokens, empty, unreadable)."""
 
 

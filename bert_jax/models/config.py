@@ -10,6 +10,8 @@ from typing import Any, Iterable, Mapping
 import jax.numpy as jnp
 from etils import epath
 
+from bert_jax.errors import UserError
+
 # Keys of Google's original bert_config.json, in the order the original tool writes them.
 ORIGINAL_KEYS = (
     "attention_probs_dropout_prob",
@@ -33,7 +35,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DROPOUT_RNGS = ("hash", "jax")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A model config that cannot describe a valid BERT."""
 
 

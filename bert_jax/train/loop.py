@@ -32,10 +32,11 @@ from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
 from bert_jax.train.runtime import Preemption as _Preemption
 from bert_jax.train.config import total_steps
+from bert_jax.errors import FaultError
 
 
 
-class NonFiniteError(FloatingPointError):
+class NonFiniteError(FaultError, FloatingPointError):
     """The loss or gradient of a step was NaN / inf (and train.skip_nonfinite is off)."""
 
 

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import jax
 
+from bert_jax.errors import UserError
+
 IMPLS = ("auto", "xla", "cudnn", "pallas")
 
 
-class AttentionConfigError(ValueError):
+class AttentionConfigError(UserError, ValueError):
     """model.attention cannot run this call (platform, dtype or dropout)."""
 
 
