@@ -11,9 +11,18 @@ PyTorch's on the same card, plus a profile of our step, in one report.
 Flags: --out=DIR, --steps=20 (timed), --warmup=5, --cases=base128,large128,large512,
 --variants='base128:attention=xla' (semicolon-separated extra bert_jax rows; each entry is
 `[case[+case...]:]key=value[,key=value]` with keys of the config's `model` section, no
-case prefix = every case; --variants='' for none), --compile_cases=large128 (torch.compile
-cells; '' for none), --profile_case=base128 ('' for none), --profile_steps=3,
---dtype=bfloat16, --child_timeout=480 (seconds per measurement).
+case prefix = every case; --variants='' for none; the key `xla_flags` sets that row's
+XLA_FLAGS instead, space-separated, e.g. 'base128:xla_flags=--xla_gpu_enable_triton_gemm=false'),
+--compile_cases=large128 (torch.compile cells; '' for none), --profile_case=base128 (''
+for none), --profile_steps=3, --dtype=bfloat16, --child_timeout=480 (seconds per
+measurement), --deadline_s (the whole run's wall-clock budget: measurements that would
+start with under a minute left are skipped, cell SKIP, so the table is always printed).
+
+Under the device tool's 10-minute command limit, run it as back-to-back calls (the machine
+stays warm for 30 s after each), each with --deadline_s=540 and one or two cases, e.g.
+  --cases=base128 --compile_cases=                       (profile, variants, eager torch)
+  --cases=large128 --profile_case= --variants=           (with torch.compile)
+  --cases=large512 --profile_case= --variants= --compile_cases=
 
 Cases (all MLM + NSP, AdamW, dropout on, synthetic full-length batches, ceil(0.15 * seq)
 MLM predictions per row: 20 at 128, 77 at 512, the same count for torch's labels):
@@ -516,8 +525,10 @@ class Report:
             json.dump(self.data, f, indent=1, default=str)
 
 
-def child_env(kind: str, smoke: bool) -> dict:
+def child_env(kind: str, smoke: bool, xla_flags: str = "") -> dict:
     env = dict(os.environ)
+    if xla_flags:  # a variant's XLA flags, after the suite's own (the later flag wins)
+        env["XLA_FLAGS"] = " ".join(filter(None, [env.get("XLA_FLAGS", ""), xla_flags]))
     env["PYTHONPATH"] = REPO + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if smoke:
@@ -536,7 +547,8 @@ def spawn(spec: dict, timeout: float, report: Report) -> dict:
     t = time.perf_counter()
     # In this process group: whatever ends the suite's group ends the child too, so no
     # orphan keeps the device's memory.
-    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(spec["kind"], spec.get("smoke")),
+    proc = subprocess.Popen(cmd, cwd=REPO, env=child_env(spec["kind"], spec.get("smoke"),
+                                                          spec.get("xla_flags", "")),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -567,7 +579,9 @@ def spawn(spec: dict, timeout: float, report: Report) -> dict:
 
 
 def parse_variants(text: str, cases: list) -> list:
-    """'[case[+case]:]k=v[,k=v];...' -> [(label, {key: value}, set of cases)]."""
+    """'[case[+case]:]k=v[,k=v];...' -> [(label, {key: value}, set of cases)]. The key
+    xla_flags (value: space-separated XLA flags) sets the child's XLA_FLAGS instead of a
+    model key."""
     out = []
     for entry in (e.strip() for e in text.split(";")):
         if not entry:
@@ -586,7 +600,7 @@ def parse_variants(text: str, cases: list) -> list:
                 raise SystemExit(f"--variants: {item!r} is not key=value")
             key = key.strip()
             key = key[len("model."):] if key.startswith("model.") else key
-            overrides[key] = parse_value(value)
+            overrides[key] = value.strip() if key == "xla_flags" else parse_value(value)
         label = ",".join(f"{k}={v}" for k, v in overrides.items())
         out.append((label, overrides, only))
     return out
@@ -612,6 +626,8 @@ class Notes:
             return f"OOM[{n}]"
         if "timeout" in low:
             return f"TIMEOUT[{n}]"
+        if low.startswith("skipped"):
+            return f"SKIP[{n}]"
         return f"ERR[{n}]"
 
 
@@ -837,6 +853,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile_steps", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", help="bert_jax compute dtype / torch autocast")
     p.add_argument("--child_timeout", type=float, default=480.0)
+    p.add_argument("--deadline_s", type=float, default=None,
+                   help="wall-clock budget of the whole run: later measurements are "
+                        "skipped so that the table is printed in time (e.g. 540 under a "
+                        "10-minute command limit)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes")
     args = p.parse_args(argv)
     if args.child:
@@ -860,10 +880,23 @@ def main(argv=None) -> int:
     os.makedirs(out_dir, exist_ok=True)
     report = Report(out_dir)
 
-    info = spawn({"kind": "info", "smoke": args.smoke}, args.child_timeout, report)
+    def spawn_within(spec: dict) -> dict:
+        """spawn() under --deadline_s: the child's timeout is cut to the time left, and a
+        measurement that would start with less than a minute left is skipped (its cell says
+        so), so that a run under a command's time limit still prints its table."""
+        timeout = args.child_timeout
+        if args.deadline_s:
+            left = args.deadline_s - (time.perf_counter() - t0) - 15
+            if left < 60:
+                return {"error": f"skipped: --deadline_s={args.deadline_s:g} reached",
+                        "wall_s": 0.0}
+            timeout = min(timeout, left)
+        return spawn(spec, timeout, report)
+
+    info = spawn_within({"kind": "info", "smoke": args.smoke})
     header(report, info, args, argv)
     report.print()
-    check = spawn({"kind": "check", "smoke": args.smoke}, args.child_timeout, report)
+    check = spawn_within({"kind": "check", "smoke": args.smoke})
     report.data["checks"] = check
     report.print(f"== Kernel check: fused attention against the XLA path on this device, "
                  f"[batch, length, heads, head_dim] = {check.get('shape')}, padding; "
@@ -889,10 +922,12 @@ def main(argv=None) -> int:
                 "batch": batch, "seq": seq, "preds": preds_for(seq), "steps": args.steps,
                 "warmup": args.warmup, "dtype": args.dtype, "smoke": args.smoke,
                 "overrides": {}, **extra}
-        r = spawn(spec, args.child_timeout, report)
+        spec["overrides"] = dict(spec["overrides"])
+        spec["xla_flags"] = spec["overrides"].pop("xla_flags", "")
+        r = spawn_within(spec)
         r.update(case=case, kind=kind, variant=variant, batch=batch, seq=seq,
                  preds=spec["preds"], config=SMOKE_CONFIG if args.smoke else cfg,
-                 overrides=spec["overrides"])
+                 overrides=spec["overrides"], xla_flags=spec["xla_flags"])
         rows.append(r)
         label = {"bert_jax": f"bert_jax ({variant})", "torch_eager": "HF torch eager",
                  "torch_compile": "HF torch.compile"}[kind]
@@ -919,11 +954,11 @@ def main(argv=None) -> int:
         cfg, batch, seq = CASES[args.profile_case]
         if args.smoke:
             batch, seq = SMOKE_SHAPES[args.profile_case]
-        profiled = spawn({"kind": "jax", "config": cfg, "batch": batch, "seq": seq,
-                          "preds": preds_for(seq), "steps": 0, "warmup": 2,
-                          "dtype": args.dtype, "smoke": args.smoke, "overrides": {},
-                          "profile_dir": os.path.join(trace_root, args.profile_case),
-                          "profile_steps": args.profile_steps}, args.child_timeout, report)
+        profiled = spawn_within({"kind": "jax", "config": cfg, "batch": batch, "seq": seq,
+                                 "preds": preds_for(seq), "steps": 0, "warmup": 2,
+                                 "dtype": args.dtype, "smoke": args.smoke, "overrides": {},
+                                 "profile_dir": os.path.join(trace_root, args.profile_case),
+                                 "profile_steps": args.profile_steps})
 
     report.print()
     report.print(f"== Results: {info.get('device_kind', '?')}, median of {args.steps} steps; "

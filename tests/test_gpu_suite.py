@@ -203,3 +203,43 @@ def test_variants_flag():
                    ("hidden_dropout_prob=0.0", {"hidden_dropout_prob": 0.0}, {"large128"})]
     assert suite.parse_variants("", cases) == []
     assert suite.preds_for(128) == 20 and suite.preds_for(512) == 77
+
+
+def test_xla_flags_variant_reaches_the_child_environment(monkeypatch):
+    """A variant's xla_flags go to its child's XLA_FLAGS after the suite's own (XLA takes
+    the later of two settings of a flag), never into the model section."""
+    suite = _suite_module()
+    got = suite.parse_variants(
+        "base128:xla_flags=--xla_gpu_enable_latency_hiding_scheduler=true "
+        "--xla_gpu_enable_command_buffer=,attention=xla", ["base128", "large128"])
+    assert got == [("xla_flags=--xla_gpu_enable_latency_hiding_scheduler=true "
+                    "--xla_gpu_enable_command_buffer=,attention=xla",
+                    {"xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true "
+                                  "--xla_gpu_enable_command_buffer=", "attention": "xla"},
+                    {"base128"})]
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
+    env = suite.child_env("jax", False, "--xla_gpu_enable_command_buffer=")
+    assert env["XLA_FLAGS"] == ("--xla_gpu_enable_command_buffer=FUSION "
+                                "--xla_gpu_enable_command_buffer=")
+    assert suite.child_env("jax", False)["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer=FUSION"
+
+
+def test_deadline_skips_measurements_and_still_prints_the_table(tmp_path, monkeypatch, capsys):
+    """--deadline_s: a measurement that would start with under a minute left is skipped
+    (no child is started) and its cell says SKIP, so a run cut to a command's time limit
+    still prints its table and its closing line."""
+    suite = _suite_module()
+    started = []
+    monkeypatch.setattr(suite, "spawn", lambda spec, timeout, report: started.append(spec))
+    out = tmp_path / "out"
+    assert suite.main(["--smoke", f"--out={out}", "--deadline_s=30", "--cases=base128",
+                       "--variants=base128:attention=xla"]) == 0
+    assert started == []
+    text = (out / "gpu_suite.txt").read_text()
+    rows = [ln.split() for ln in text.split("== Results:", 1)[1].splitlines()
+            if ln.startswith("base128")]
+    assert [r[:2] for r in rows] == [["base128", "default"], ["base128", "attention=xla"]]
+    assert rows[0][4] == "SKIP[1]" and rows[0][7] == "SKIP[2]", rows
+    assert "[1] base128 bert_jax default: skipped: --deadline_s=30 reached" in text
+    assert "no trace: skipped: --deadline_s=30 reached" in text
+    assert text.rstrip().splitlines()[-1].startswith("total ")
