@@ -705,6 +705,23 @@ _DERIVED_LINES = {"XLA Modules", "XLA Ops", "Steps", "TensorFlow Ops", "TensorFl
                   "XLA TraceMe", "Async XLA Ops", "SparseCore", "Host Offload Ops"}
 
 
+_KINDS = (  # (kind, substrings of a lower-cased kernel name), first match wins
+    ("attention", ("flash_attention", "fmha", "sdpa", "splash")),
+    ("matmul", ("gemm", "xmma", "cutlass", "cublas", "nvjet", "matmul", "dot_general")),
+    ("scatter / gather", ("scatter", "gather")),
+    ("reduction fusion", ("input_", "reduce", "reduction")),
+    ("elementwise fusion", ("loop_", "fusion", "convert", "transpose", "copy")),
+    ("memcpy / memset", ("memcpy", "memset")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """A kernel's kind for the profile's summary, from its name (XLA names fusions after
+    their kind; cuBLAS / cuDNN / Pallas kernels after the library or the kernel)."""
+    low = name.lower()
+    return next((kind for kind, keys in _KINDS if any(k in low for k in keys)), "other")
+
+
 def top_kernels(path: str, steps: int, n: int = 15) -> dict:
     """Top `n` device kernels of a perfetto / Chrome trace JSON (gzip'ed or not) by total
     time. Device kernels: complete events on the stream lines of the "/device:..."
@@ -750,8 +767,17 @@ def top_kernels(path: str, steps: int, n: int = 15) -> dict:
         t[1] += 1
     busy_us = sum(t[0] for t in totals.values())
     top = sorted(totals.items(), key=lambda kv: -kv[1][0])[:n]
+    kinds: dict = {}
+    for name, (us, calls) in totals.items():
+        k = kinds.setdefault(kernel_kind(name), [0.0, 0])
+        k[0] += us
+        k[1] += calls
     return {"source": source, "lines": used[:12], "events": len(chosen),
             "device_ms_per_step": busy_us / 1e3 / max(steps, 1),
+            "kinds": [{"kind": kind, "ms_per_step": us / 1e3 / max(steps, 1),
+                       "calls_per_step": calls / max(steps, 1),
+                       "pct": 100 * us / busy_us if busy_us else 0.0}
+                      for kind, (us, calls) in sorted(kinds.items(), key=lambda kv: -kv[1][0])],
             "kernels": [{"name": k, "ms_per_step": v[0] / 1e3 / max(steps, 1),
                          "calls_per_step": v[1] / max(steps, 1),
                          "pct": 100 * v[0] / busy_us if busy_us else 0.0} for k, v in top]}
@@ -800,6 +826,9 @@ def profile_section(report: Report, case: str, r: dict | None) -> bool:
     report.print(f"kernels from: {k['source']}; lines: {', '.join(k['lines'])}")
     report.print(f"summed kernel time {k['device_ms_per_step']:.2f} ms per step"
                  + (f" (timed step: {step:.2f} ms)" if step else ""))
+    report.print("by kind: " + "; ".join(
+        f"{x['kind']} {x['ms_per_step']:.2f} ms ({x['calls_per_step']:.0f} calls, "
+        f"{x['pct']:.0f}%)" for x in k["kinds"]))
     report.print(f"{'#':>2}  {'kernel':<80}  {'ms/step':>8}  {'calls/step':>10}  {'%':>5}")
     for i, x in enumerate(k["kernels"]):
         name = x["name"] if len(x["name"]) <= 80 else x["name"][:77] + "..."

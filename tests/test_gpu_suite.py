@@ -190,6 +190,29 @@ def test_top_kernels_reads_gpu_stream_lines(tmp_path):
     assert abs(fusion["ms_per_step"] - 0.05) < 1e-9 and fusion["calls_per_step"] == 2.0
     assert abs(gemm["pct"] + fusion["pct"] + copy["pct"] - 100) < 1e-9
     assert abs(gemm["pct"] - 100 * 0.3 / 0.37) < 1e-9
+    kinds = {x["kind"]: x for x in k["kinds"]}
+    assert [x["kind"] for x in k["kinds"]] == ["matmul", "elementwise fusion", "memcpy / memset"]
+    assert abs(kinds["matmul"]["ms_per_step"] - 0.3) < 1e-9
+    assert kinds["elementwise fusion"]["calls_per_step"] == 2.0
+    assert abs(sum(x["pct"] for x in k["kinds"]) - 100) < 1e-9
+
+
+def test_kernel_kinds_of_gpu_kernel_names():
+    suite = _suite_module()
+    kinds = {name: suite.kernel_kind(name) for name in (
+        "flash_attention_bwd_dkdv", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop",
+        "nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NNN", "gemm_fusion_dot_general_12",
+        "sm90_xmma_gemm_bf16bf16_bf16f32", "input_scatter_fusion", "input_add_reduce_fusion_7",
+        "loop_multiply_fusion_3", "MemcpyD2D", "Memset", "cub_something")}
+    assert kinds == {
+        "flash_attention_bwd_dkdv": "attention",
+        "cudnn_generated_fort_native_sdpa_sm90_flash_fprop": "attention",
+        "nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NNN": "matmul",
+        "gemm_fusion_dot_general_12": "matmul", "sm90_xmma_gemm_bf16bf16_bf16f32": "matmul",
+        "input_scatter_fusion": "scatter / gather",
+        "input_add_reduce_fusion_7": "reduction fusion",
+        "loop_multiply_fusion_3": "elementwise fusion", "MemcpyD2D": "memcpy / memset",
+        "Memset": "memcpy / memset", "cub_something": "other"}
 
 
 def test_variants_flag():
