@@ -9,7 +9,10 @@ PyTorch's on the same card, plus a profile of our step, in one report.
     python benchmarks/gpu_suite.py --smoke --out=/tmp/smoke   # CPU, tiny sizes, < 2 min
 
 Flags: --out=DIR, --steps=20 (timed), --warmup=5, --cases=base128,large128,large512,
---variants='base128:attention=xla' (semicolon-separated extra bert_jax rows; each entry is
+--variants='base128:attention=xla;base128:fused_qkv=true;large128:remat=none' (the XLA
+attention path, one fused Q/K/V product, and BERT-Large keeping everything: 59 GiB peak
+with the Pallas attention on an H100 target, so it fits in 80 GB; semicolon-separated extra
+bert_jax rows; each entry is
 `[case[+case...]:]key=value[,key=value]` with keys of the config's `model` section, no
 case prefix = every case; --variants='' for none; the key `xla_flags` sets that row's
 XLA_FLAGS instead, space-separated, e.g. 'base128:xla_flags=--xla_gpu_enable_triton_gemm=false'),
@@ -21,8 +24,9 @@ start with under a minute left are skipped, cell SKIP, so the table is always pr
 Under the device tool's 10-minute command limit, run it as back-to-back calls (the machine
 stays warm for 30 s after each), each with --deadline_s=540 and one or two cases, e.g.
   --cases=base128 --compile_cases=                       (profile, variants, eager torch)
-  --cases=large128 --profile_case= --variants=           (with torch.compile)
-  --cases=large512 --profile_case= --variants= --compile_cases=
+  --cases=large128 --profile_case=                       (remat=none row, torch.compile)
+  --cases=large512 --profile_case= --compile_cases=
+(variants apply to the cases they name, so each call keeps its own.)
 
 Cases (all MLM + NSP, AdamW, dropout on, synthetic full-length batches, ceil(0.15 * seq)
 MLM predictions per row: 20 at 128, 77 at 512, the same count for torch's labels):
@@ -874,7 +878,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=None, help="timed steps (20; smoke 2)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps (5; smoke 1)")
     p.add_argument("--cases", default=",".join(CASES))
-    p.add_argument("--variants", default="base128:attention=xla",
+    p.add_argument("--variants",
+                   default="base128:attention=xla;base128:fused_qkv=true;large128:remat=none",
                    help="';'-separated [case[+case]:]key=value[,key=value] model overrides")
     p.add_argument("--compile_cases", default=None, help="torch.compile cases (large128; "
                    "smoke: none)")
