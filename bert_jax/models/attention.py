@@ -26,7 +26,9 @@ class BertSelfAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x, mask):
-        """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token)."""
+        """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token),
+        or for packed rows <int32>[batch, length] sequence ids (a token attends the tokens
+        with its id; 0 = padding)."""
         c = self.config
         proj = lambda name, **kw: nn.DenseGeneral(  # noqa: E731
             features=(c.num_attention_heads, c.head_dim), axis=-1,
@@ -45,12 +47,14 @@ class BertSelfAttention(nn.Module):
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
         # Init only needs shapes, and is traced without the step's mesh (so without the
         # platform it compiles for): every path has the same parameters.
+        packed = jnp.issubdtype(mask.dtype, jnp.integer)
         impl = "xla" if self.is_initializing() else attention_ops.resolve(
-            c.attention, attention_ops.platform(), c, training)
+            c.attention, attention_ops.platform(), c, training, packed=packed)
         if impl == "xla":
+            # [batch, 1, k] key mask, or [batch, q, k] block-diagonal for packed rows.
+            kv_mask = mask[:, :, None] == mask[:, None, :] if packed else mask[:, None, :]
             ctx = xla_attention.attention(
-                q, k, v, mask[:, None, :],
-                dropout=lambda p: drop(p, deterministic=self.deterministic))
+                q, k, v, kv_mask, dropout=lambda p: drop(p, deterministic=self.deterministic))
         else:
             ctx = attention_ops.fused(
                 impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,

@@ -8,7 +8,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from bert_jax.models.config import BertConfig
-from bert_jax.models.embeddings import BertEmbeddings
+from bert_jax.models.embeddings import BertEmbeddings, restart_positions
 from bert_jax.models.encoder import BertEncoder
 from bert_jax.models.heads import ClassifierHead, MaskedLMHead, gather_positions
 from bert_jax.models.layers import dense
@@ -16,7 +16,14 @@ from bert_jax.models.layers import dense
 
 class BertModel(nn.Module):
     """The encoder. Returns (sequence_output [batch, length, embed],
-    pooled_output [batch, embed] = tanh(dense([CLS])))."""
+    pooled_output [batch, embed] = tanh(dense([CLS])), or [batch, K, embed] at
+    `cls_positions`).
+
+    Packed rows (several sequences per row, each `[CLS] A [SEP] B [SEP]`): `sequence_ids`
+    <int>[batch, length] numbers the sequences of a row 1, 2, ... (0 = padding); attention
+    never crosses sequences, positions restart at every sequence (unless `position_ids`
+    are given) and `cls_positions` <int>[batch, K] picks each sequence's [CLS] for the
+    pooler. A sequence then gets the outputs it gets alone in a row of its own."""
 
     config: BertConfig
 
@@ -27,16 +34,24 @@ class BertModel(nn.Module):
         self.pooler = dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
-                 position_ids: Optional[jnp.ndarray] = None, deterministic: bool = True):
+                 position_ids: Optional[jnp.ndarray] = None, deterministic: bool = True,
+                 sequence_ids: Optional[jnp.ndarray] = None,
+                 cls_positions: Optional[jnp.ndarray] = None):
         """input_ids, attention_mask (1 = token, 0 = padding), token_type_ids:
-        <int>[batch, length]."""
-        if attention_mask is None:
-            attention_mask = jnp.ones_like(input_ids)
+        <int>[batch, length]; sequence_ids, cls_positions: packed rows (class doc)."""
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
+        if sequence_ids is not None:
+            mask = sequence_ids.astype(jnp.int32)  # the attention's packed-row form
+            if position_ids is None:
+                position_ids = restart_positions(mask)
+        else:
+            mask = (jnp.ones_like(input_ids) if attention_mask is None
+                    else attention_mask).astype(bool)
         x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic=deterministic)
-        x = self.encoder(x, attention_mask.astype(bool), deterministic=deterministic)
-        pooled = jnp.tanh(self.pooler(x[:, 0]))
+        x = self.encoder(x, mask, deterministic=deterministic)
+        cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
+        pooled = jnp.tanh(self.pooler(cls))
         return x, pooled
 
     def attend(self, x):
@@ -46,17 +61,21 @@ class BertModel(nn.Module):
 class BertForPreTraining(nn.Module):
     """MLM (+ NSP unless nsp=False). Returns (mlm_logits [batch, P, vocab],
     nsp_logits [batch, 2] or None). With masked_lm_positions=None the MLM head runs on
-    every position (P = length)."""
+    every position (P = length). Packed rows (BertModel's doc): sequence_ids,
+    position_ids, and next_sentence_positions <int>[batch, K] (each sequence's [CLS]),
+    which make nsp_logits [batch, K, 2]."""
 
     config: BertConfig
     nsp: bool = True
 
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
-                 masked_lm_positions=None, deterministic: bool = True):
+                 masked_lm_positions=None, deterministic: bool = True, sequence_ids=None,
+                 position_ids=None, next_sentence_positions=None):
         bert = BertModel(self.config, name="bert")
-        sequence, pooled = bert(input_ids, attention_mask, token_type_ids,
-                                deterministic=deterministic)
+        sequence, pooled = bert(input_ids, attention_mask, token_type_ids, position_ids,
+                                deterministic=deterministic, sequence_ids=sequence_ids,
+                                cls_positions=next_sentence_positions)
         if masked_lm_positions is not None:
             sequence = gather_positions(sequence, masked_lm_positions)
         mlm_logits = MaskedLMHead(self.config, name="mlm")(sequence, bert.attend)

@@ -5,11 +5,22 @@ from __future__ import annotations
 from typing import Optional
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
 from bert_jax.models.layers import layer_norm, weight_init
+
+
+def restart_positions(sequence_ids):
+    """Position of every token within its own sequence: <int>[batch, length] sequence ids of
+    packed rows (each sequence one contiguous run) -> <int32>[batch, length], 0 at the first
+    token of every run. Padding (id 0) counts as a run of its own."""
+    ids = sequence_ids.astype(jnp.int32)
+    index = jax.lax.broadcasted_iota(jnp.int32, ids.shape, 1)
+    first = jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], 1)
+    return index - jax.lax.cummax(jnp.where(first, index, 0), axis=1)
 
 
 class BertEmbeddings(nn.Module):
@@ -30,7 +41,8 @@ class BertEmbeddings(nn.Module):
 
     def __call__(self, input_ids, token_type_ids, position_ids: Optional[jnp.ndarray] = None,
                  deterministic: bool = True):
-        """input_ids, token_type_ids: <int>[batch, length] -> <dtype>[batch, length, embed]."""
+        """input_ids, token_type_ids: <int>[batch, length]; position_ids: <int>[batch or 1,
+        length] (default 0 .. length - 1) -> <dtype>[batch, length, embed]."""
         length = input_ids.shape[-1]
         if length > self.config.max_position_embeddings:
             raise ValueError(

@@ -45,7 +45,8 @@ class BertLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x, mask):
-        """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length]."""
+        """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token)
+        or <int32>[batch, length] sequence ids of packed rows (models/attention.py)."""
         c = self.config
         drop = Dropout(rate=c.hidden_dropout_prob, impl=c.dropout_rng)
         attention = BertSelfAttention(c, self.deterministic, name="attention")

@@ -20,6 +20,10 @@ def pretraining_loss(mlm_logits, nsp_logits: Optional[jnp.ndarray],
     batch: masked_lm_ids <int>[batch, P], masked_lm_weights <float>[batch, P] (0 = padding
     slot), next_sentence_labels <int>[batch] or [batch, 1] (0 = IsNext, as the original);
     optional example_weights <float>[batch] (0 = eval filler example).
+    Packed rows: nsp_logits [batch, K, 2] with next_sentence_labels <int>[batch, K] and
+    next_sentence_weights <float>[batch, K] (0 = empty slot), so the NSP mean runs over
+    sequences, not rows, and the MLM mean over predicted tokens: the losses of the same
+    sequences unpacked.
     Returns (loss, metrics): scalar float32 loss and a dict of float32 scalars with the sums
     behind each mean (`*_sum`, `*_count`) so that metrics average exactly across steps.
     """
@@ -31,12 +35,24 @@ def pretraining_loss(mlm_logits, nsp_logits: Optional[jnp.ndarray],
     metrics = _weighted_xent("mlm", mlm_logits, batch["masked_lm_ids"], weights)
     loss = metrics["mlm_loss"]
     if nsp_logits is not None:
-        labels = batch["next_sentence_labels"].reshape(-1)
-        w = jnp.ones(labels.shape, jnp.float32) if example_w is None else example_w
-        metrics.update(_weighted_xent("nsp", nsp_logits, labels, w))
+        metrics.update(_weighted_xent("nsp", *_nsp_slots(nsp_logits, batch, example_w)))
         loss = loss + metrics["nsp_loss"]
     metrics["loss"] = loss
     return loss, metrics
+
+
+def _nsp_slots(nsp_logits, batch, example_w):
+    """(logits [n, 2], labels [n], weights [n]) over every NSP slot of the batch: one per
+    row, or K per packed row (weighted by next_sentence_weights)."""
+    labels = batch["next_sentence_labels"]
+    if nsp_logits.ndim == 3:  # packed: [batch, K, 2]
+        w = batch["next_sentence_weights"].astype(jnp.float32)
+        if example_w is not None:
+            w = w * example_w[:, None]
+        return nsp_logits.reshape(-1, 2), labels.reshape(-1), w.reshape(-1)
+    labels = labels.reshape(-1)
+    w = jnp.ones(labels.shape, jnp.float32) if example_w is None else example_w
+    return nsp_logits, labels, w
 
 
 def _weighted_xent(name: str, logits, labels, weights) -> dict:

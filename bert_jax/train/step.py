@@ -6,6 +6,9 @@ A batch is a dict of the original pre-training features, leading axis = the glob
     input_ids, input_mask, segment_ids: <int32>[batch, length]
     masked_lm_positions, masked_lm_ids: <int32>[batch, P]; masked_lm_weights: <float32>[batch, P]
     next_sentence_labels: <int32>[batch] or [batch, 1]; example_weights (eval only): <float32>[batch]
+Packed rows (several sequences per row) add sequence_ids, position_ids: <int32>[batch, length]
+and next_sentence_positions: <int32>[batch, K], next_sentence_weights: <float32>[batch, K],
+with next_sentence_labels <int32>[batch, K] (models/bert.py, tasks/pretraining.py).
 
 Gradient accumulation (`accum_steps` > 1) scans over micro-batches inside the one jitted
 step. Each micro-batch's loss is its *sum* of MLM / NSP cross-entropies divided by the
@@ -30,21 +33,33 @@ from bert_jax.tasks.pretraining import pretraining_loss
 from bert_jax.train.state import TrainState, mesh_context
 
 
+# Packed rows' extra model inputs: batch features of BertForPreTraining's argument names.
+PACKED_INPUTS = ("sequence_ids", "position_ids", "next_sentence_positions")
+
+
 def model_inputs(batch: Mapping[str, jax.Array]) -> dict:
-    """Original feature names -> BertForPreTraining keyword arguments."""
-    return dict(input_ids=batch["input_ids"], attention_mask=batch["input_mask"],
-                token_type_ids=batch["segment_ids"],
-                masked_lm_positions=batch["masked_lm_positions"])
+    """Original feature names (+ packed rows' features, when present) -> BertForPreTraining
+    keyword arguments."""
+    out = dict(input_ids=batch["input_ids"], attention_mask=batch["input_mask"],
+               token_type_ids=batch["segment_ids"],
+               masked_lm_positions=batch["masked_lm_positions"])
+    out.update({name: batch[name] for name in PACKED_INPUTS if name in batch})
+    return out
 
 
 def _totals(batch) -> tuple[jax.Array, jax.Array]:
-    """(number of real masked tokens, number of examples) in the whole batch: the
-    denominators of the large-batch mean losses."""
+    """(number of real masked tokens, number of NSP examples: rows, or the sequences of
+    packed rows) in the whole batch: the denominators of the large-batch mean losses."""
     w = batch["masked_lm_weights"].astype(jnp.float32)
     ex = batch.get("example_weights")
+    ex = None if ex is None else ex.astype(jnp.float32)
     if ex is not None:
-        w = w * ex.astype(jnp.float32)[:, None]
-        n = jnp.sum(ex.astype(jnp.float32))
+        w = w * ex[:, None]
+    if "next_sentence_weights" in batch:  # packed rows: one NSP slot per sequence
+        nw = batch["next_sentence_weights"].astype(jnp.float32)
+        n = jnp.sum(nw if ex is None else nw * ex[:, None])
+    elif ex is not None:
+        n = jnp.sum(ex)
     else:
         n = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
     return jnp.maximum(jnp.sum(w), 1e-5), jnp.maximum(n, 1e-5)

@@ -94,13 +94,15 @@ def test_fused_qkv_has_the_same_parameters_and_results():
     _assert_close(got, want)
 
 
-@pytest.mark.parametrize("dropout", [False, True])
-def test_pallas_path_equals_xla_through_the_model(dropout):
-    config = tiny_config(attention_probs_dropout_prob=0.3 if dropout else 0.0)
+# (rate, deterministic): no dropout configured; training with dropout; evaluation of a model
+# configured with dropout (the kernel must then run without it).
+@pytest.mark.parametrize("rate, deterministic", [(0.0, True), (0.3, False), (0.3, True)])
+def test_pallas_path_equals_xla_through_the_model(rate, deterministic):
+    config = tiny_config(attention_probs_dropout_prob=rate)
     params = _params(config)
-    want = _outputs_and_grads(config, params, deterministic=not dropout)
+    want = _outputs_and_grads(config, params, deterministic=deterministic)
     got = _outputs_and_grads(config.replace(attention="pallas"), params,
-                             deterministic=not dropout)
+                             deterministic=deterministic)
     _assert_close(got, want)
 
 

@@ -21,6 +21,13 @@ half precision), else the Pallas kernel when its masks can be the model's (hash 
 everywhere else XLA (on TPU too, until splash is measured against XLA there). An explicit
 choice that cannot run the call is an error naming `model.attention`, never a silent
 fallback.
+
+Packed rows (several sequences per row, `BertModel(sequence_ids=...)`): the mask is the
+row's <int32>[batch, length] sequence ids instead of a <bool> padding mask, and a token
+attends exactly the tokens of its own sequence (padding, id 0, attends padding). The XLA
+path builds the block-diagonal [batch, q, k] mask; Pallas (GPU, CPU) and splash (TPU) take
+the ids as their segment ids; cuDNN through `jax.nn.dot_product_attention` has no segment
+ids, so `auto` takes Pallas for packed rows on a GPU.
 """
 
 from __future__ import annotations
@@ -52,24 +59,27 @@ def platform_name(name: str) -> str:
     return "gpu" if name in ("cuda", "rocm", "gpu") else name
 
 
-def describe(config, plat: str, deterministic_training: bool = False) -> str:
+def describe(config, plat: str, deterministic_training: bool = False,
+             packed: bool = False) -> str:
     """One line for logs and summaries: the attention path of the training steps and of the
     evaluation steps, and the remat policy. Raises AttentionConfigError as resolve does."""
-    train = resolve(config.attention, plat, config, training=not deterministic_training)
-    evaluate = resolve(config.attention, plat, config, training=False)
+    train = resolve(config.attention, plat, config, training=not deterministic_training,
+                    packed=packed)
+    evaluate = resolve(config.attention, plat, config, training=False, packed=packed)
     return (f"attention {train} (train), {evaluate} (eval) [model.attention="
             f"{config.attention}]; remat {config.remat}")
 
 
-def resolve(impl: str, plat: str, config, training: bool) -> str:
-    """The path one attention call takes. `training`: dropout is applied in this call.
-    Raises AttentionConfigError for an explicit choice that cannot run it."""
+def resolve(impl: str, plat: str, config, training: bool, packed: bool = False) -> str:
+    """The path one attention call takes. `training`: dropout is applied in this call;
+    `packed`: the mask is sequence ids of packed rows. Raises AttentionConfigError for an
+    explicit choice that cannot run it."""
     if impl not in IMPLS:
         raise AttentionConfigError(f"model.attention={impl!r}; expected one of {IMPLS}")
     dropout = training and config.attention_probs_dropout_prob > 0
     half = config.dtype in ("bfloat16", "float16")
     if impl == "auto":
-        if plat == "gpu" and not dropout and half:
+        if plat == "gpu" and not dropout and half and not packed:
             return "cudnn"
         if plat == "gpu" and (not dropout or config.dropout_rng == "hash"):
             return "pallas"
@@ -83,6 +93,10 @@ def resolve(impl: str, plat: str, config, training: bool) -> str:
             raise AttentionConfigError(
                 f"model.attention=cudnn needs model.dtype bfloat16 or float16, got "
                 f"{config.dtype!r} (use auto, pallas or xla)")
+        if packed:
+            raise AttentionConfigError(
+                "model.attention=cudnn cannot keep packed sequences apart (no segment ids); "
+                "use auto or pallas for packed data")
         if dropout:
             raise AttentionConfigError(
                 "model.attention=cudnn has no attention-probability dropout; set "
@@ -109,8 +123,9 @@ def resolve(impl: str, plat: str, config, training: bool) -> str:
 
 def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None):
     """A fused path ("cudnn" or "pallas") on q, k, v: <dtype>[batch, length, heads, kv]
-    (q unscaled) with kv_mask: <bool>[batch, length] (True = real token). dropout_key: the
-    attention dropout's flax key, None for no dropout. Returns [batch, length, heads, kv].
+    (q unscaled) with kv_mask: <bool>[batch, length] (True = real token), or for packed
+    rows <int32>[batch, length] sequence ids (pallas only). dropout_key: the attention
+    dropout's flax key, None for no dropout. Returns [batch, length, heads, kv].
 
     A custom kernel is opaque to XLA's sharding propagation (it would gather the whole
     batch onto every device), so under a mesh it runs per shard through `jax.shard_map`:
@@ -124,6 +139,10 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
     seeds = None
     if dropout_key is not None and dropout_rate > 0:
         seeds = jax.random.bits(dropout_key, (2,), jax.numpy.uint32)
+    else:  # evaluation: the model passes its configured rate and no key
+        dropout_rate = 0.0
+
+    packed = jax.numpy.issubdtype(kv_mask.dtype, jax.numpy.integer)
 
     def local(q, k, v, kv_mask, seeds, batch_axes, head_axes):
         if impl == "cudnn":
@@ -139,8 +158,11 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         if head_axes:
             head_offset = jax.lax.axis_index(head_axes) * q.shape[2]
         kv_seg = kv_mask.astype(jax.numpy.int32)
+        # Padding rows: every query may attend the real keys (the XLA path's key mask);
+        # packed rows: a query attends its own sequence's keys (equal ids).
+        q_seg = kv_seg if packed else jax.numpy.ones_like(kv_seg)
         return pallas_flash.flash_attention(
-            q, k, v, jax.numpy.ones_like(kv_seg), kv_seg, dropout_rate=dropout_rate,
+            q, k, v, q_seg, kv_seg, dropout_rate=dropout_rate,
             seeds=seeds, batch_offset=batch_offset, head_offset=head_offset,
             total_heads=heads)
 
