@@ -47,6 +47,7 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_dataset_ops
 
 from bert_jax.data import features as features_lib
+from bert_jax.data.checks import DataCheckError
 from bert_jax.data import state as state_lib
 from bert_jax.data.shards import (CorruptShardError, count_records, find_corrupt,
                                   short_error)
@@ -278,6 +279,7 @@ class TFRecordIterator:
             local_batch=self.local_batch, start_batch=start_batch)
         self._iter = iter(self._dataset)
         self.batches = start_batch
+        self._failed = False  # a read error: the tf.data iterator cannot be serialized
 
     @property
     def element_spec(self):
@@ -290,17 +292,19 @@ class TFRecordIterator:
         try:
             batch = next(self._iter)
         except tf.errors.DataLossError as e:
+            self._failed = True
             bad = find_corrupt(self.files, e)
-            names = "; ".join(f"{f}: {msg} (after {n} good records)" for f, n, msg in bad)
+            names = "; ".join(f"{f}: {msg}, after {n} good records" for f, n, msg in bad)
             raise CorruptShardError(
-                f"corrupt or truncated input shard: {names or short_error(e)}. Re-create it, or "
-                f"set data.skip_corrupt=True to leave corrupt shards out.") from None
+                f"corrupt or truncated input shard {names or short_error(e)}. Re-create it, "
+                f"or set --config.data.skip_corrupt=True to leave corrupt shards out.") from None
         except tf.errors.InvalidArgumentError as e:
-            raise ValueError(
+            self._failed = True
+            raise DataCheckError(
                 f"cannot parse the input records as BERT pre-training features with "
                 f"max_seq_length={self._cfg.max_seq_length}, max_predictions_per_seq="
                 f"{self._cfg.max_predictions_per_seq}: {short_error(e)}. Run `python -m "
-                f"bert_jax.data.inspect --input=...` on the files to see what they hold."
+                f"bert_jax.data.inspect --verify --input=...` on the files to find the record."
             ) from None
         self.batches += 1
         return _to_numpy(batch)
@@ -308,10 +312,16 @@ class TFRecordIterator:
     # -- state
 
     def get_state(self) -> dict[str, np.ndarray]:
-        variant = gen_dataset_ops.serialize_iterator(self._iter._iterator_resource, _FAIL)
-        blob = tf.io.serialize_tensor(variant).numpy()
         meta = dict(kind="tfrecord", version=STATE_VERSION, batches=self.batches,
                     signature=self._signature)
+        if self._failed:
+            # A read error left tf.data's iterator mid-record: only the count is saved, and
+            # set_state rebuilds the pipeline and skips that many batches (exact, also once
+            # the file is re-created; with data.skip_corrupt the files differ and
+            # restore_input seeks instead).
+            return {state_lib.META: state_lib.pack_meta(meta)}
+        variant = gen_dataset_ops.serialize_iterator(self._iter._iterator_resource, _FAIL)
+        blob = tf.io.serialize_tensor(variant).numpy()
         return {state_lib.META: state_lib.pack_meta(meta),
                 "tf_iterator": np.frombuffer(blob, np.uint8).copy()}
 
@@ -326,13 +336,18 @@ class TFRecordIterator:
                 "the saved input state belongs to a different pipeline; (saved, now): "
                 + json.dumps(diff) + ". Resuming it would repeat or skip examples.")
         blob = np.asarray(state.get("tf_iterator", np.zeros(0, np.uint8)), np.uint8).tobytes()
+        if not blob:  # saved after a read error (see get_state): the count is the position
+            log.warning("the input state was saved after a read error: rebuilding the "
+                        "pipeline and skipping %d batches (exact, but re-reads the data)",
+                        meta["batches"])
+            self._build(int(meta["batches"]))
+            return
         try:
-            if not blob:
-                raise ValueError("no serialized tf.data iterator in the state")
             variant = tf.io.parse_tensor(blob, tf.variant)
             self._iter = iter(self._dataset)
             gen_dataset_ops.deserialize_iterator(self._iter._iterator_resource, variant)
             self.batches = int(meta["batches"])
+            self._failed = False
         except (tf.errors.OpError, ValueError) as e:
             log.warning("cannot restore the tf.data iterator state (%s); rebuilding the "
                         "pipeline and skipping %d batches instead (exact, but re-reads the "
