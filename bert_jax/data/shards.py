@@ -110,7 +110,10 @@ def short_error(error: Exception | str) -> str:
     "truncated record at byte 250190 (read less bytes than requested)"."""
     message = error if isinstance(error, str) else getattr(error, "message", str(error))
     message = re.sub(r"\{\{function_node[^}]*\}\}\s*", "", message)
-    message = message.split(" [Op:")[0].strip()
+    message = re.sub(r"\s*\[\[\{\{node [^}]*\}\}\]\]", "", message)  # the graph node
+    message = " ".join(message.split(" [Op:")[0].split())  # one line
+    message = re.sub(r"Error in user-defined function passed to \S+ transformation with "
+                     r"iterator: \S+: (Name: <unknown>, )?", "", message).rstrip(".")
     found = _RECORD_AT.search(message)
     if found:
         reason = found.group(3) or found.group(4)

@@ -47,7 +47,7 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_dataset_ops
 
 from bert_jax.data import features as features_lib
-from bert_jax.data.checks import DataCheckError
+from bert_jax.data.checks import DataCheckError, files_named
 from bert_jax.data import state as state_lib
 from bert_jax.data.shards import (CorruptShardError, count_records, find_corrupt,
                                   short_error)
@@ -246,6 +246,26 @@ def eval_dataset(cfg, files: Sequence[str], *, process_index: int, process_count
 # ---------------------------------------------------------------- iterators
 
 
+def input_error(error: tf.errors.OpError, files: Sequence[str], cfg):
+    """TF's read (DataLossError) or parse (InvalidArgumentError) error of a pipeline over
+    `files` -> the one-line error to raise: CorruptShardError naming the corrupt file(s)
+    and byte offset, or DataCheckError naming the files and the lengths expected."""
+    if isinstance(error, tf.errors.DataLossError):
+        bad = find_corrupt(files, error)
+        names = "; ".join(f"{f}: {msg}, after {n} good records" for f, n, msg in bad)
+        fix = ("the same command leaves it out (data.skip_corrupt=True scans the files "
+               "when it starts)" if cfg.skip_corrupt else
+               "set --config.data.skip_corrupt=True to leave corrupt shards out")
+        return CorruptShardError(f"corrupt or truncated input shard "
+                                 f"{names or short_error(error)}. Re-create it, or {fix}.")
+    return DataCheckError(
+        f"cannot parse the records of {files_named(list(files))} as BERT pre-training "
+        f"features with max_seq_length={cfg.max_seq_length}, max_predictions_per_seq="
+        f"{cfg.max_predictions_per_seq}: {short_error(error)}. Run `python -m "
+        f"bert_jax.data.inspect --verify --input=...` on the files to find the record.")
+
+
+
 def _to_numpy(batch) -> dict[str, np.ndarray]:
     # `_numpy()` hands over the tensor's buffer (as Dataset.as_numpy_iterator does);
     # `.numpy()` would copy every array, ~10% of the pipeline's CPU at length 128.
@@ -291,21 +311,9 @@ class TFRecordIterator:
     def __next__(self) -> dict[str, np.ndarray]:
         try:
             batch = next(self._iter)
-        except tf.errors.DataLossError as e:
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
             self._failed = True
-            bad = find_corrupt(self.files, e)
-            names = "; ".join(f"{f}: {msg}, after {n} good records" for f, n, msg in bad)
-            raise CorruptShardError(
-                f"corrupt or truncated input shard {names or short_error(e)}. Re-create it, "
-                f"or set --config.data.skip_corrupt=True to leave corrupt shards out.") from None
-        except tf.errors.InvalidArgumentError as e:
-            self._failed = True
-            raise DataCheckError(
-                f"cannot parse the input records as BERT pre-training features with "
-                f"max_seq_length={self._cfg.max_seq_length}, max_predictions_per_seq="
-                f"{self._cfg.max_predictions_per_seq}: {short_error(e)}. Run `python -m "
-                f"bert_jax.data.inspect --verify --input=...` on the files to find the record."
-            ) from None
+            raise input_error(e, self.files, self._cfg) from None
         self.batches += 1
         return _to_numpy(batch)
 
@@ -377,6 +385,7 @@ class EvalIterable:
                  local_batch: int):
         self.files = list(files)
         self.local_batch = local_batch
+        self._cfg = cfg
         self._dataset, self.num_batches, self.num_records = eval_dataset(
             cfg, self.files, process_index=process_index, process_count=process_count,
             local_batch=local_batch)
@@ -385,5 +394,8 @@ class EvalIterable:
         return self.num_batches
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        for batch in self._dataset:
-            yield _to_numpy(batch)
+        try:
+            for batch in self._dataset:
+                yield _to_numpy(batch)
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            raise input_error(e, self.files, self._cfg) from None

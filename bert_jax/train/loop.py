@@ -209,13 +209,20 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
             after_save(int(jax.device_get(state.step)))
         return started
 
+    def saved_first(error: ReportedError, step: int) -> ReportedError:
+        return _saved_first(error, step, save if step > start and
+                            checkpointer.latest_step() != step else None)
+
     def run_eval(step: int) -> dict:
         check_finite()
-        eval_batches = make_eval_data(config, workdir)
-        if eval_batches is None:
-            return {}
-        scalars = evaluate(eval_fn, state.params, eval_batches, batch_sharding,
-                           int(config.train.eval_steps))
+        try:
+            eval_batches = make_eval_data(config, workdir)
+            if eval_batches is None:
+                return {}
+            scalars = evaluate(eval_fn, state.params, eval_batches, batch_sharding,
+                               int(config.train.eval_steps))
+        except ReportedError as e:  # a corrupt or unparsable eval file
+            raise saved_first(e, step) from None
         writer.write(step, scalars)
         _info(is_main, f"step {step}: " + metrics_lib.format_summary(scalars))
         return scalars
@@ -237,8 +244,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                 try:
                     batch = next(train_data)
                 except ReportedError as e:  # bad input found mid-run, e.g. a corrupt shard
-                    raise _saved_first(e, step, save if step > start and
-                                       checkpointer.latest_step() != step else None) from None
+                    raise saved_first(e, step) from None
                 if compiled is None:
                     t0 = time.perf_counter()
                     compiled = train_fn.lower(state, batch, rng).compile()

@@ -160,3 +160,26 @@ def test_run_check_refuses_mostly_unknown_tokens_and_warns_on_some(tmp_path, cap
     assert warning.startswith(f"{path} (the first 2 records): {_fraction(counts[:2]):.1%} "
                               f"of {sum(t for _, t in counts[:2])} word pieces are [UNK] with "
                               f"the vocabulary {VOCAB}"), warning
+
+
+@pytest.mark.parametrize("split", ["train", "eval"])
+def test_a_record_missing_a_feature_past_the_check_is_one_line_mid_run(split, tmp_path):
+    """The check before compile reads 2 records; record 6 lacks a feature: the iterators
+    (training, and evaluation which the run builds at each eval) name the files and the
+    lengths expected (a raw tf InvalidArgumentError before)."""
+    path = _write(tmp_path / "a.tfrecord", _records(8, drop={6: "masked_lm_weights"})[0])
+    cfg = _cfg(path)
+    cfg.update(dict(eval_files=path, shuffle=False, batch_size=4))
+    pretrain.check_input(cfg, process_index=0, process_count=1)
+    with pytest.raises(checks.DataCheckError) as e:
+        if split == "train":
+            it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+            for _ in range(3):
+                next(it)
+        else:
+            list(pretrain.eval_iterator(cfg, process_index=0, process_count=1))
+    msg = str(e.value)
+    assert isinstance(e.value, UserError) and "\n" not in msg
+    assert msg.startswith(f"cannot parse the records of {path} as BERT pre-training features "
+                          f"with max_seq_length=32, max_predictions_per_seq=5: "), msg
+    assert "masked_lm_weights" in msg and "inspect --verify" in msg, msg
