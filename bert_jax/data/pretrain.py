@@ -218,6 +218,8 @@ def check_input(cfg, *, process_index: int | None = None,
             max_predictions_per_seq=cfg.max_predictions_per_seq,
             vocab_size=vocab["vocab_size"], records_per_file=cfg.check_records_per_file,
             skip_unreadable=cfg.skip_corrupt, vocab=vocab,
-            vocab_name=cfg.get("vocab_file") or f"of data.vocab_size={vocab['vocab_size']}")
+            vocab_name=cfg.get("vocab_file") or (f"of the config (data.vocab_size="
+                                                 f"{vocab['vocab_size']}, data.unk_id="
+                                                 f"{vocab['unk_id']})"))
         if warning:
             log.warning("%s", warning)
