@@ -55,10 +55,13 @@ def files_named(files: Sequence[str], shown: int = 3) -> str:
     return names + (f" and {len(files) - shown} more" if len(files) > shown else "")
 
 
-def unk_counts(decoded: Sequence[Mapping[str, tuple[str, np.ndarray]]], unk_id: int,
-               special_ids: Sequence[int]) -> tuple[int, int]:
+def unk_counts(decoded: Sequence[Mapping[str, tuple[str, np.ndarray]]],
+               vocab: Mapping[str, int]) -> tuple[int, int]:
     """([UNK] pieces, all pieces) over the real tokens of decoded records (decode_example),
-    masked positions counted by their original id (masked_lm_ids), special ids left out."""
+    masked positions counted by their original id (masked_lm_ids), the special tokens
+    ([PAD] [CLS] [SEP] [MASK]) left out. vocab: pretrain.vocab_info(cfg, with_unk=True)."""
+    unk_id = vocab["unk_id"]
+    special_ids = [vocab[k] for k in ("pad_id", "cls_id", "sep_id", "mask_id")]
     unk = total = 0
     for record in decoded:
         if "input_ids" not in record:
@@ -162,9 +165,9 @@ def first_records(files: Sequence[str], records_per_file: int, threads: int = 16
 
 
 def first_bad_record(path: str, *, max_seq_length: int, max_predictions_per_seq: int,
-                     block: int = 1024) -> str | None:
+                     block: int = 1024) -> tuple[str, str] | None:
     """Parses EVERY record of a file as the training pipeline does (tf.io.parse_example
-    with the config's lengths): None if all parse, else "record <i>: <problem>" for the
+    with the config's lengths): None if all parse, else ("record <i>", problem) for the
     first one that does not (a missing feature, another length). Read errors are left to
     shards.scan_file."""
     import tensorflow as tf
@@ -184,9 +187,9 @@ def first_bad_record(path: str, *, max_seq_length: int, max_predictions_per_seq:
                     except Exception as bad:  # not a tf.train.Example
                         found = [f"not a tf.train.Example ({bad})"]
                     if found:
-                        return f"record {start + i}: {found[0]}"
+                        return f"record {start + i}", found[0]
                 from bert_jax.data.shards import short_error
-                return f"records {start}-{start + len(batch) - 1}: {short_error(e)}"
+                return f"records {start}-{start + len(batch) - 1}", short_error(e)
             start += int(batch.shape[0])
     except tf.errors.DataLossError:
         return None
@@ -226,8 +229,7 @@ def check_files(files: Sequence[str], *, max_seq_length: int, max_predictions_pe
     if vocab is None or vocab.get("unk_id") is None:
         return None
     from bert_jax.data.tokenization import check_unk_rate
-    unk, total = unk_counts(decoded_all, vocab["unk_id"],
-                            [vocab[k] for k in ("pad_id", "cls_id", "sep_id", "mask_id")])
+    unk, total = unk_counts(decoded_all, vocab)
     return check_unk_rate(unk, total, f"{files_named(list(files))} (the first "
                                       f"{len(decoded_all)} records)", vocab_name)
 

@@ -126,8 +126,7 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             parsed = pool.map(lambda f: checks.first_bad_record(
                 f, max_seq_length=seq, max_predictions_per_seq=preds), all_files)
-            problems += [(f"{f} {p.split(':', 1)[0]}", p.split(": ", 1)[1])
-                         for f, p in zip(all_files, parsed) if p]
+            problems += [(f"{f} {bad[0]}", bad[1]) for f, bad in zip(all_files, parsed) if bad]
     if not records and not problems:
         problems.append((checks.files_named(all_files), "no records to check"))
     for path, i, dec in records:
@@ -136,15 +135,13 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
             problems.append((f"{path} record {i}", p))
     if vocab and vocab.get("unk_id") is not None and records:
         from bert_jax.data.tokenization import VocabError, check_unk_rate
-        unk, total = checks.unk_counts([d for _, _, d in records], vocab["unk_id"],
-                                       [vocab[k] for k in ("pad_id", "cls_id", "sep_id",
-                                                           "mask_id")])
+        unk, total = checks.unk_counts([d for _, _, d in records], vocab)
         r["unk_fraction"] = unk / total if total else 0.0
+        where = f"{checks.files_named(files)} (the {len(records)} records read)"
         try:
-            warning = check_unk_rate(unk, total, f"{checks.files_named(files)} (the "
-                                     f"{len(records)} records read)", vocab_file)
+            warning = check_unk_rate(unk, total, where, vocab_file)
         except VocabError as e:
-            problems.append(tuple(str(e).split(": ", 1)))
+            problems.append((where, str(e)[len(where) + 2:]))
         else:
             warnings += [warning] if warning else []
     r["problems"] = checks.group(problems)
