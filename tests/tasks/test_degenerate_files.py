@@ -136,6 +136,17 @@ def test_squad_training_question_without_an_answer(tmp_path, tokenizer):
     assert not dev.labeled and len(dev.examples) == 1
 
 
+def test_squad_training_set_without_a_usable_answer(tmp_path, tokenizer):
+    """Every answer is whitespace (no token to point at): convert_examples skips them all;
+    the features are refused naming the file, not trained on as an empty set."""
+    blank_answer = json.dumps({"data": [{"paragraphs": [{"context": "cat  sat", "qas": [
+        {"id": "q1", "question": "Who?", "answers": [{"text": " ", "answer_start": 3}]}]}]}]})
+    task, files = _task("squad", tmp_path, train=blank_answer, dev=GOOD["squad"])
+    with pytest.raises(DataError, match=rf"^{files['train']}: no features from its examples "
+                                        rf"\(every one was skipped\)"):
+        task.train_features(tokenizer)
+
+
 CHINESE = "这是一个用于测试词汇表的中文句子。"   # 65% [UNK] with the uncased vocabulary
 UNK_FILES = {
     "mrpc": MRPC + "".join(f"1\t{i}\t{i}\t{CHINESE}\t{CHINESE}\n" for i in range(3)),
