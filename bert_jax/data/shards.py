@@ -20,13 +20,18 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from bert_jax.errors import UserError
+from bert_jax.errors import FaultError, UserError
 
 log = logging.getLogger(__name__)
 
 
 class CorruptShardError(UserError, RuntimeError):
     """A TFRecord file is truncated or corrupt."""
+
+
+class InputReadError(FaultError, OSError):
+    """The input files could not be read mid-run (a file gone, no permission, a bucket out
+    of reach)."""
 
 
 # ---------------------------------------------------------------- files and sharding

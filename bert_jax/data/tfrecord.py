@@ -49,8 +49,8 @@ from tensorflow.python.ops import gen_dataset_ops
 from bert_jax.data import features as features_lib
 from bert_jax.data.checks import DataCheckError, files_named
 from bert_jax.data import state as state_lib
-from bert_jax.data.shards import (CorruptShardError, count_records, find_corrupt,
-                                  short_error)
+from bert_jax.data.shards import (CorruptShardError, InputReadError, count_records,
+                                  find_corrupt, short_error)
 
 log = logging.getLogger(__name__)
 
@@ -247,9 +247,14 @@ def eval_dataset(cfg, files: Sequence[str], *, process_index: int, process_count
 
 
 def input_error(error: tf.errors.OpError, files: Sequence[str], cfg):
-    """TF's read (DataLossError) or parse (InvalidArgumentError) error of a pipeline over
-    `files` -> the one-line error to raise: CorruptShardError naming the corrupt file(s)
-    and byte offset, or DataCheckError naming the files and the lengths expected."""
+    """TF's error while reading a pipeline over `files` -> the one-line error to raise:
+    CorruptShardError naming the corrupt file(s) and byte offset (DataLossError),
+    DataCheckError naming the files and the lengths expected (InvalidArgumentError: a record
+    that does not parse), else InputReadError (a file gone or unreadable: TF's message
+    names it)."""
+    if not isinstance(error, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
+        return InputReadError(f"cannot read the input files ({files_named(list(files))}): "
+                              f"{short_error(error)}")
     if isinstance(error, tf.errors.DataLossError):
         bad = find_corrupt(files, error)
         names = "; ".join(f"{f}: {msg}, after {n} good records" for f, n, msg in bad)
@@ -311,7 +316,7 @@ class TFRecordIterator:
     def __next__(self) -> dict[str, np.ndarray]:
         try:
             batch = next(self._iter)
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        except tf.errors.OpError as e:  # a corrupt, unparsable or vanished file
             self._failed = True
             raise input_error(e, self.files, self._cfg) from None
         self.batches += 1
@@ -397,5 +402,5 @@ class EvalIterable:
         try:
             for batch in self._dataset:
                 yield _to_numpy(batch)
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        except tf.errors.OpError as e:
             raise input_error(e, self.files, self._cfg) from None

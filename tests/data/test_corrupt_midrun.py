@@ -120,3 +120,25 @@ def test_the_run_saves_the_last_good_step_then_resumes_with_skip_corrupt(cut, tm
     config.data.skip_corrupt = True
     summary = loop.train(config, workdir)
     assert summary["step"] == good + 2
+
+
+def test_a_file_gone_mid_run_is_a_fault_naming_it(tmp_path):
+    """Read one file at a time, so the third is opened only once the first two are read;
+    it is deleted before: a FaultError (exit 1) naming it, which the run also saves before
+    (a raw NotFoundError traceback before)."""
+    from bert_jax.data.shards import InputReadError
+    from bert_jax.errors import FaultError
+
+    paths, _ = fixtures.write_files(tmp_path, 3, 20, seq=LENGTH, preds=PREDICTIONS)
+    cfg = _config(str(tmp_path / "*.tfrecord"), 10).data
+    cfg.update(dict(shuffle=False, num_parallel_reads=1))
+    it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    next(it)
+    (tmp_path / paths[2]).unlink()
+    with pytest.raises(InputReadError) as e:
+        for _ in range(20):
+            next(it)
+    msg = str(e.value)
+    assert isinstance(e.value, FaultError) and "\n" not in msg, msg
+    assert msg.startswith(f"cannot read the input files ({paths[0]}, {paths[1]}, {paths[2]}): "
+                          f"{paths[2]}; No such file or directory"), msg
