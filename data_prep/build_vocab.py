@@ -49,6 +49,11 @@ def train_wordpiece(files: list[str], vocab_size: int, output: str, do_lower_cas
         show_progress=True)
     tk.train(files, trainer)
     vocab = [tok for tok, _ in sorted(tk.get_vocab().items(), key=lambda kv: kv[1])]
+    if len(vocab) <= len(SPECIAL_TOKENS):  # before writing: an older vocabulary stays
+        from data_prep.paths import TEXT_FORMAT, InputError
+        raise InputError(f"--input_file: no word to learn from {len(files)} file(s) (only "
+                         f"control or invisible characters?); expected {TEXT_FORMAT}; "
+                         f"{output} not written")
     tmp = output + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write("".join(t + "\n" for t in vocab))
@@ -85,7 +90,8 @@ def train_sentencepiece(files: list[str], vocab_size: int, output: str,
 
 def main(argv):
     del argv
-    from data_prep.paths import InputError, is_uri, resolve_inputs
+    from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs, is_uri,
+                                 resolve_inputs)
     try:
         if not FLAGS.input_file or not FLAGS.output:
             raise InputError("--input_file and --output are required")
@@ -97,13 +103,21 @@ def main(argv):
                              f"copy the corpus here, and the vocabulary to the bucket after")
         if FLAGS.vocab_size <= len(SPECIAL_TOKENS):
             raise InputError(f"--vocab_size must exceed {len(SPECIAL_TOKENS)}")
+        warning = check_blank_inputs(files, "--input_file", TEXT_FORMAT)
     except InputError as e:
         print(f"build_vocab: error: {e}", file=sys.stderr)
         return 2
+    if warning:
+        print(f"build_vocab: warning: {warning}", file=sys.stderr)
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.output)), exist_ok=True)
     if FLAGS.model == "wordpiece":
-        vocab = train_wordpiece(files, FLAGS.vocab_size, FLAGS.output, FLAGS.do_lower_case,
-                                FLAGS.min_frequency, FLAGS.limit_alphabet)
+        try:
+            vocab = train_wordpiece(files, FLAGS.vocab_size, FLAGS.output,
+                                    FLAGS.do_lower_case, FLAGS.min_frequency,
+                                    FLAGS.limit_alphabet)
+        except InputError as e:
+            print(f"build_vocab: error: {e}", file=sys.stderr)
+            return 2
         print(f"wrote {FLAGS.output}: {len(vocab)} WordPiece tokens")
     else:
         path = train_sentencepiece(files, FLAGS.vocab_size, FLAGS.output, FLAGS.do_lower_case)

@@ -30,7 +30,8 @@ from absl import app, flags  # noqa: E402
 
 from data_prep import instances as inst  # noqa: E402
 from data_prep import pipeline  # noqa: E402
-from data_prep.paths import InputError, resolve_inputs, resolve_outputs  # noqa: E402
+from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs,  # noqa: E402
+                             resolve_inputs, resolve_outputs)
 
 FLAGS = flags.FLAGS
 
@@ -87,9 +88,12 @@ def main(argv):
         outputs = resolve_outputs(FLAGS.output_file, FLAGS.num_output_shards)
         # Load the vocabulary here, before any worker starts: a bad one fails fast.
         load_tokenizer(FLAGS.vocab_file, FLAGS.spm_model_file, FLAGS.do_lower_case)
+        warning = check_blank_inputs(inputs, "--input_file", TEXT_FORMAT)
     except (InputError, ValueError, FileNotFoundError, VocabError) as e:
         print(f"create_pretraining_data: error: {e}", file=sys.stderr)
         return 2
+    if warning:
+        print(f"create_pretraining_data: warning: {warning}", file=sys.stderr)
     # All cores this process may use (the affinity mask, not the machine's count).
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     num_workers = FLAGS.num_workers or cores or 1
@@ -100,7 +104,10 @@ def main(argv):
     try:
         stats = pipeline.run(inputs, outputs, spec, num_workers=num_workers,
                              chunk_chars=int(FLAGS.chunk_size_mb * 1e6),
-                             progress=FLAGS.progress)
+                             progress=FLAGS.progress, require_instances=True)
+    except InputError as e:  # text without a single token: no output written
+        print(f"create_pretraining_data: error: {e}", file=sys.stderr)
+        return 2
     except OSError as e:  # unwritable output, disk full, ...: nothing left half-written
         print(f"create_pretraining_data: error: {e}", file=sys.stderr)
         return 1
@@ -109,6 +116,16 @@ def main(argv):
         return 130
     print(stats.summary(no_nsp=cfg.no_nsp))
     print("wrote " + ", ".join(outputs))
+    from bert_jax.data.checks import files_named
+    from bert_jax.data.tokenization import check_unk_rate
+    # Only a warning here: the records are well-formed; the data doctor and the training
+    # run refuse them above tokenization.UNK_ERROR.
+    warning = check_unk_rate(
+        stats.unk_tokens, stats.tokens, f"--input_file {files_named(inputs)}",
+        f"{FLAGS.vocab_file or FLAGS.spm_model_file} (do_lower_case={FLAGS.do_lower_case})",
+        error_above=None)
+    if warning:
+        print(f"create_pretraining_data: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -12,15 +12,46 @@ import os
 from etils import epath
 
 from bert_jax import paths as bert_paths
+from bert_jax.errors import UserError
 from bert_jax.paths import is_uri
+
+# What the corpus tools read (the original create_pretraining_data.py's input format).
+TEXT_FORMAT = "UTF-8 text, one sentence per line, a blank line between documents"
 
 
 def size(path: str) -> int:
     return epath.Path(path).stat().length if is_uri(path) else os.path.getsize(path)
 
 
-class InputError(Exception):
-    """Bad flags or files, found before any work (printed without a traceback)."""
+class InputError(UserError):
+    """Bad flags or files, found before any work (printed without a traceback), or input
+    that yields nothing (no output is written then)."""
+
+
+def blank_inputs(paths: list[str]) -> list[str]:
+    """The files among `paths` without a single non-blank line (empty, or only whitespace).
+    Reads each file up to its first non-blank line: cheap on a real corpus."""
+    blank = []
+    for p in paths:
+        with epath.Path(p).open("rb") as f:
+            if not any(line.strip() for line in f):
+                blank.append(p)
+    return blank
+
+
+def check_blank_inputs(paths: list[str], flag: str, expected: str) -> str | None:
+    """InputError when every file of `paths` is blank; a warning naming the blank ones when
+    some are (None when none is). `flag` and `expected` go into the message."""
+    from bert_jax.data.checks import files_named
+
+    blank = blank_inputs(paths)
+    if blank and len(blank) == len(paths):
+        raise InputError(f"{flag}: {files_named(blank)}: no text (empty or blank); expected "
+                         f"{expected}")
+    if blank:
+        return (f"{flag}: {len(blank)} of {len(paths)} input files hold no text (empty or "
+                f"blank), they add nothing: {files_named(blank)}")
+    return None
 
 
 def resolve_inputs(spec: str) -> list[str]:

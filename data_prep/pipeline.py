@@ -319,9 +319,12 @@ class _Outputs:
 
 
 def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpec,
-        num_workers: int = 1, chunk_chars: int = 1_000_000, progress: bool = True) -> Stats:
+        num_workers: int = 1, chunk_chars: int = 1_000_000, progress: bool = True,
+        require_instances: bool = False) -> Stats:
     """Write the instances of all input files; returns the run's Stats. Inputs, vocabulary
-    and config must already be validated (see create_pretraining_data.py)."""
+    and config must already be validated (see create_pretraining_data.py).
+    require_instances: text that yields no instance raises data_prep.paths.InputError and
+    writes nothing (else empty output files are written)."""
     from tqdm import tqdm
 
     fork = num_workers > 1 and sys.platform.startswith("linux") and _fork_safe()
@@ -367,6 +370,12 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
             pool.close()
             pool.join()
             pool = None
+        if require_instances and not stats.instances:
+            from bert_jax.data.checks import files_named
+            raise dp_paths.InputError(
+                f"no training instances from {files_named(list(input_paths))}: no line of "
+                f"their text yields a token (only control characters or invisible "
+                f"characters?); expected {dp_paths.TEXT_FORMAT}; nothing written")
         outputs.commit()
     except BaseException:
         outputs.abort()

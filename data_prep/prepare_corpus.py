@@ -21,8 +21,12 @@ from __future__ import annotations
 import glob
 import os
 import re
+import sys
 
-from absl import app, flags
+if __package__ in (None, ""):  # run as a script: make `bert_jax` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
 
 # Page markers (`### START: ...`, `p.772:0`, possibly followed by an editor's note) and
 # editor's notes on their own line (`[[ed: reformatted from the original]]`).
@@ -111,15 +115,28 @@ def main(argv):
     paths = sorted(glob.glob(os.path.join(FLAGS.input, "**", "*.txt"), recursive=True))
     if not paths:
         raise app.UsageError(f"no .txt files under {FLAGS.input}")
-    out = []
+    out, empty = [], []
     for path in paths:
         with open(path, encoding="utf-8", errors="replace") as f:
-            out.append(format_documents(convert_text(f.read(), FLAGS.paragraphs_per_doc)))
+            docs = convert_text(f.read(), FLAGS.paragraphs_per_doc)
+        out.append(format_documents(docs))
+        if not docs:
+            empty.append(path)
+    from bert_jax.data.checks import files_named
+    if len(empty) == len(paths):  # before writing: an older output stays
+        print(f"prepare_corpus: error: --input={FLAGS.input}: no text in its {len(paths)} "
+              f".txt file(s) ({files_named(empty)}): empty, blank or only headings; "
+              f"{FLAGS.output} not written", file=sys.stderr)
+        return 2
+    if empty:
+        print(f"prepare_corpus: warning: {len(empty)} of {len(paths)} files hold no text "
+              f"(empty, blank or only headings): {files_named(empty)}", file=sys.stderr)
     tmp = FLAGS.output + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         f.write("".join(out))
     os.replace(tmp, FLAGS.output)
     print(f"wrote {FLAGS.output} from {len(paths)} files")
+    return 0
 
 
 if __name__ == "__main__":

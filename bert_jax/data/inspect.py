@@ -8,13 +8,17 @@ feature names, kinds and lengths found (and whether they match the given lengths
 them the lengths are inferred), token ids outside the vocabulary, the real mask ratio and
 its [MASK] / random / unchanged split (with the vocab), the IsNext ratio, a histogram of
 sequence lengths, and the first examples decoded back to text. Exits with status 1 when a
-record does not match (the same checks `pretrain.check_input` runs before training).
---verify also reads every record of every file and names corrupt or truncated shards.
+record does not match (the same checks `pretrain.check_input` runs before training), a file
+is empty, or (with --vocab_file) most tokens are [UNK] (tokenization.UNK_ERROR; a warning
+from UNK_WARN on). --verify also reads and parses every record of every file: it names
+corrupt, truncated and empty shards, and the first record of a file that training could not
+parse (a missing feature, other lengths).
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import math
 import os
 import sys
@@ -48,12 +52,17 @@ def sample(files: Sequence[str], num_records: int, max_files: int):
     for path, records, error in checks.first_records(files, per_file):
         if error:
             unreadable.append((path, error))
+        elif not records:
+            unreadable.append((path, _EMPTY))
         for i, raw in enumerate(records):
             try:
                 out.append((path, i, checks.decode_example(raw)))
             except Exception as e:  # not an Example
                 unreadable.append((path, f"record {i} is not a tf.train.Example: {e}"))
     return files, out[:max(num_records, len(files))], unreadable
+
+
+_EMPTY = "empty file (no records), expected TFRecords of create_pretraining_data.py"
 
 
 def _mode(values):
@@ -72,7 +81,7 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
     vocab, tokens = None, None
     if vocab_file:
         cfg = pretrain.data_config(vocab_file=vocab_file)
-        vocab = pretrain.vocab_info(cfg)
+        vocab = pretrain.vocab_info(cfg, with_unk=True)
         from bert_jax.data import tokenization
         tok = (tokenization.load_tokenizer(spm_model_file=vocab_file)
                if vocab_file.endswith(".model") else
@@ -102,18 +111,41 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
         for name, info in sorted(found.items())}
     r["missing"] = [n for n in features_lib.PRETRAIN_FEATURES if n not in found]
 
-    problems = [(p, f"unreadable: {e}") for p, e in unreadable]
+    problems = [(p, e if e == _EMPTY else f"unreadable: {e}") for p, e in unreadable]
+    warnings = []
     if verify:
         scanned = shards.scan_files(all_files)
         bad = [(f, n, e) for f, (n, e) in scanned.items() if e]
         r["verified"] = dict(files=len(all_files), records=sum(n for n, _ in scanned.values()),
                              corrupt=len(bad))
         problems += [(f, f"corrupt shard after {n} good records: {e}") for f, n, e in bad]
+        problems += [(f, _EMPTY) for f, (n, e) in scanned.items()
+                     if not n and not e and (f, _EMPTY) not in problems]
+        # Every record parsed as training parses it: a record missing a feature, or of
+        # other lengths, anywhere in a file (the sample above reads only the first ones).
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            parsed = pool.map(lambda f: checks.first_bad_record(
+                f, max_seq_length=seq, max_predictions_per_seq=preds), all_files)
+            problems += [(f"{f} {bad[0]}", bad[1]) for f, bad in zip(all_files, parsed) if bad]
+    if not records and not problems:
+        problems.append((checks.files_named(all_files), "no records to check"))
     for path, i, dec in records:
         for p in checks.check_record(dec, max_seq_length=seq, max_predictions_per_seq=preds,
                                      vocab_size=vocab and vocab["vocab_size"]):
             problems.append((f"{path} record {i}", p))
+    if vocab and vocab.get("unk_id") is not None and records:
+        from bert_jax.data.tokenization import VocabError, check_unk_rate
+        unk, total = checks.unk_counts([d for _, _, d in records], vocab)
+        r["unk_fraction"] = unk / total if total else 0.0
+        where = f"{checks.files_named(files)} (the {len(records)} records read)"
+        try:
+            warning = check_unk_rate(unk, total, where, vocab_file)
+        except VocabError as e:
+            problems.append((where, str(e)[len(where) + 2:]))
+        else:
+            warnings += [warning] if warning else []
     r["problems"] = checks.group(problems)
+    r["warnings"] = warnings
 
     # Statistics over the records that have the features with consistent lengths.
     good = [d for _, _, d in records
@@ -183,7 +215,9 @@ def format_report(r: dict[str, Any]) -> str:
                    f"{v['corrupt']} corrupt or truncated file(s)")
     if r["vocab"]:
         out.append(f"vocab: {r['vocab']['vocab_size']} tokens; records with ids outside it: "
-                   f"{r.get('out_of_vocab_records', 0)}")
+                   f"{r.get('out_of_vocab_records', 0)}"
+                   + (f"; [UNK]: {r['unk_fraction']:.2%} of the real tokens"
+                      if "unk_fraction" in r else ""))
     if "mask_ratio" in r:
         out.append(f"masked: {r['mask_ratio']:.2%} of real tokens, {r['masked_per_example']:.1f} "
                    f"per example (the recipe: 15%, at most max_predictions_per_seq)")
@@ -203,6 +237,8 @@ def format_report(r: dict[str, Any]) -> str:
             out.append(f"example {k} ({'IsNext' if ex['is_next'] else 'random B'}, "
                        f"{ex['length']} tokens; masked shown as token(original)):")
             out.append("  " + ex["text"])
+    for warning in r.get("warnings", []):
+        out.append(f"WARNING: {warning}")
     if r["problems"]:
         out.append(f"PROBLEMS: {len(r['problems'])}")
         out += ["  " + p for p in r["problems"][:20]]

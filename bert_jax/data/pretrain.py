@@ -77,6 +77,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.cls_id = 101
     c.sep_id = 102
     c.mask_id = 103
+    c.unk_id = 100               # only to measure the share of [UNK] (check_input)
     c.skip_corrupt = False       # True: leave corrupt shards out (warning + count)
     c.check_records_per_file = 2  # records of each file checked by check_input
     c.prefetch_to_device = 2     # batches put on device ahead (device.DevicePrefetcher)
@@ -87,19 +88,22 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     return c
 
 
-def vocab_info(cfg) -> dict[str, int]:
-    """vocab_size and the special ids (pad / cls / sep / mask), from data.vocab_file if set.
+def vocab_info(cfg, with_unk: bool = False) -> dict[str, int]:
+    """vocab_size and the special ids (pad / cls / sep / mask; with_unk: and unk_id, None
+    for a vocabulary without [UNK]), from data.vocab_file if set.
 
     data.vocab_file: a WordPiece vocab.txt (one token per line; gs:// works) or a
     SentencePiece `.model` (through bert_jax.data.tokenization). A vocabulary without [PAD]
     pads with id 0, as the original tool does.
     """
+    unk = {}
     if cfg.get("vocab_file"):
         if str(cfg.vocab_file).endswith(".model"):
             from bert_jax.data import tokenization
             tok = tokenization.load_tokenizer(spm_model_file=cfg.vocab_file)
+            unk = {"unk_id": tok.unk_id} if with_unk else {}
             return dict(vocab_size=tok.vocab_size, pad_id=tok.pad_id, cls_id=tok.cls_id,
-                        sep_id=tok.sep_id, mask_id=tok.mask_id)
+                        sep_id=tok.sep_id, mask_id=tok.mask_id, **unk)
         path = epath.Path(cfg.vocab_file)
         if not path.exists():
             raise FileNotFoundError(f"data.vocab_file {cfg.vocab_file} does not exist")
@@ -113,9 +117,11 @@ def vocab_info(cfg) -> dict[str, int]:
             if tok not in index:
                 raise ValueError(f"{cfg.vocab_file}: no {tok} token in the vocabulary")
             ids[key] = index[tok]
-        return dict(vocab_size=len(tokens), **ids)
+        unk = {"unk_id": index.get("[UNK]")} if with_unk else {}
+        return dict(vocab_size=len(tokens), **ids, **unk)
+    unk = {"unk_id": cfg.get("unk_id", 100)} if with_unk else {}
     return dict(vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, cls_id=cfg.cls_id,
-                sep_id=cfg.sep_id, mask_id=cfg.mask_id)
+                sep_id=cfg.sep_id, mask_id=cfg.mask_id, **unk)
 
 
 def _hosts(process_index, process_count) -> tuple[int, int]:
@@ -193,20 +199,27 @@ def check_input(cfg, *, process_index: int | None = None,
                 process_count: int | None = None) -> None:
     """Checks the first records of each of this host's training (and eval) files against
     the config before anything is compiled; raises `checks.DataCheckError` naming the file
-    and the expected and found values. No-op for source="synthetic"."""
+    and the expected and found values (or `tokenization.VocabError` when most of their
+    tokens are [UNK]; a warning from tokenization.UNK_WARN on). No-op for
+    source="synthetic"."""
     _check_source(cfg)
     if cfg.source == "synthetic":
         return
     from bert_jax.data import checks
     index, count = _hosts(process_index, process_count)
-    vocab = vocab_info(cfg)
+    vocab = vocab_info(cfg, with_unk=True)
     for patterns in (cfg.train_files, cfg.eval_files):
         if not patterns:
             continue
         from bert_jax.data import shards
         files, _ = shards.shard_files(shards.expand_files(patterns), index, count)
-        checks.check_files(files, max_seq_length=cfg.max_seq_length,
-                           max_predictions_per_seq=cfg.max_predictions_per_seq,
-                           vocab_size=vocab["vocab_size"],
-                           records_per_file=cfg.check_records_per_file,
-                           skip_unreadable=cfg.skip_corrupt)
+        warning = checks.check_files(
+            files, max_seq_length=cfg.max_seq_length,
+            max_predictions_per_seq=cfg.max_predictions_per_seq,
+            vocab_size=vocab["vocab_size"], records_per_file=cfg.check_records_per_file,
+            skip_unreadable=cfg.skip_corrupt, vocab=vocab,
+            vocab_name=cfg.get("vocab_file") or (f"of the config (data.vocab_size="
+                                                 f"{vocab['vocab_size']}, data.unk_id="
+                                                 f"{vocab['unk_id']})"))
+        if warning:
+            log.warning("%s", warning)

@@ -20,13 +20,18 @@ from typing import Sequence
 import numpy as np
 import tensorflow as tf
 
-from bert_jax.errors import UserError
+from bert_jax.errors import FaultError, UserError
 
 log = logging.getLogger(__name__)
 
 
 class CorruptShardError(UserError, RuntimeError):
     """A TFRecord file is truncated or corrupt."""
+
+
+class InputReadError(FaultError, OSError):
+    """The input files could not be read mid-run (a file gone, no permission, a bucket out
+    of reach)."""
 
 
 # ---------------------------------------------------------------- files and sharding
@@ -104,10 +109,28 @@ def scan_file(path: str) -> tuple[int, str | None]:
     return count, None
 
 
-def short_error(error: Exception) -> str:
-    message = getattr(error, "message", str(error))
+def short_error(error: Exception | str) -> str:
+    """TF's error text without its graph-function prefix and op suffix, and a TFRecord
+    reader's "truncated record at 250190' failed with Read less bytes than requested" as
+    "truncated record at byte 250190 (read less bytes than requested)"."""
+    message = error if isinstance(error, str) else getattr(error, "message", str(error))
     message = re.sub(r"\{\{function_node[^}]*\}\}\s*", "", message)
-    return message.split(" [Op:")[0].strip()
+    message = re.sub(r"\s*\[\[\{\{node [^}]*\}\}\]\]", "", message)  # the graph node
+    message = " ".join(message.split(" [Op:")[0].split())  # one line
+    message = re.sub(r"Error in user-defined function passed to \S+ transformation with "
+                     r"iterator: \S+: (Name: <unknown>, )?", "", message).rstrip(".")
+    found = _RECORD_AT.search(message)
+    if found:
+        reason = found.group(3) or found.group(4)
+        message = (f"{found.group(1)} record at byte {found.group(2)}"
+                   + (f" ({reason[:1].lower() + reason[1:]})" if reason else ""))
+    return message
+
+
+# TF's TFRecord reader: "truncated record at 250190' failed with <why>" (a stray quote from
+# its own formatting) or "corrupted record at 0 (Is this even a TFRecord file?)".
+_RECORD_AT = re.compile(r"(truncated|corrupted) record at (\d+)'?(?: failed with (.+?)\.?$|"
+                        r" \((.+)\))?")
 
 
 def scan_files(files: Sequence[str], threads: int = 8) -> dict[str, tuple[int, str | None]]:

@@ -75,6 +75,14 @@ class DataError(UserError, ValueError):
     """Input data that does not have the expected format; the message names the place."""
 
 
+def _some(examples: list, path: str, none: str, expected: str) -> list:
+    """`examples`, or a DataError naming `path` when there are none: an empty file or one
+    with only a header reads as "no examples", never as an empty (then silent) set."""
+    if not examples:
+        raise DataError(f"{path}: {none}; expected {expected}")
+    return examples
+
+
 # --- GLUE ------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -182,7 +190,9 @@ def read_glue_tsv(path: str, task: str, labeled: bool = True) -> list[PairExampl
         if label is not None and not label:
             raise DataError(f"{path}: line {line}: empty label")
         out.append(PairExample(guid, row[ia], row[ib] if ib is not None else None, label))
-    return out
+    return _some(out, path, "no examples (" + ("only a header line" if header is not None
+                                               else "empty or blank file") + ")",
+                 f"one example per line in the GLUE {fmt.dir_name} format")
 
 
 def read_glue(task: str, split: str, data_dir: Optional[str] = None,
@@ -232,17 +242,26 @@ def _read_glue_tfds(task, split, tfds_data_dir, labeled) -> list[PairExample]:
 def squad_examples_from_json(data: Sequence[dict], source: str) -> list[SquadExample]:
     out = []
     for a, article in enumerate(data):
-        for p, paragraph in enumerate(article.get("paragraphs", [])):
+        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
+            raise DataError(f"{source}: data[{a}]: expected an object with a 'paragraphs' "
+                            f"list (SQuAD format)")
+        for p, paragraph in enumerate(article["paragraphs"]):
             where = f"{source}: data[{a}].paragraphs[{p}]"
-            if "context" not in paragraph or "qas" not in paragraph:
-                raise DataError(f"{where}: expected keys 'context' and 'qas'")
+            if ("context" not in paragraph or "qas" not in paragraph
+                    or not isinstance(paragraph["qas"], list)):
+                raise DataError(f"{where}: expected keys 'context' and 'qas' (a list)")
             context = paragraph["context"]
-            for qa in paragraph["qas"]:
+            for q, qa in enumerate(paragraph["qas"]):
                 if "id" not in qa or "question" not in qa:
-                    raise DataError(f"{where}: a question lacks 'id' or 'question'")
+                    raise DataError(f"{where}.qas[{q}]: a question lacks 'id' or 'question'")
                 answers = []
-                for ans in qa.get("answers", []):
-                    text, start = ans["text"], int(ans["answer_start"])
+                for n, ans in enumerate(qa.get("answers", [])):
+                    try:
+                        text, start = ans["text"], int(ans["answer_start"])
+                    except (KeyError, TypeError, ValueError):
+                        raise DataError(
+                            f"{where}: question {qa['id']}: answers[{n}] = {ans!r}: expected "
+                            f"'text' and an integer 'answer_start'") from None
                     if context[start:start + len(text)] != text:
                         raise DataError(
                             f"{where}: question {qa['id']}: answer {text!r} is not at "
@@ -252,7 +271,8 @@ def squad_examples_from_json(data: Sequence[dict], source: str) -> list[SquadExa
                 out.append(SquadExample(qa["id"], qa["question"], context, tuple(answers),
                                         bool(qa.get("is_impossible", False)),
                                         article.get("title", "")))
-    return out
+    return _some(out, source, "no questions",
+                 "data[].paragraphs[].qas[] with 'id', 'question' and 'answers' (SQuAD format)")
 
 
 def read_squad_json(path: str) -> tuple[list[SquadExample], list[dict]]:
@@ -323,7 +343,8 @@ def read_conll(path: str, tag_column: int = -1) -> list[NerExample]:
             words.append(cols[0])
             tags.append(cols[tag_column])
     flush()
-    return out
+    return _some(out, path, "no sentences (empty, or only -DOCSTART- lines)",
+                 "'word ... tag' lines, a blank line between sentences (CoNLL-2003 format)")
 
 
 def read_conll_tfds(split: str, tfds_data_dir=None) -> list[NerExample]:
@@ -396,7 +417,8 @@ def read_swag_csv(path: str, labeled: bool = True) -> list[ChoiceExample]:
                 raise DataError(f"{where}: empty label")
             guid = row[id_col] if id_col is not None else str(len(out))
             out.append(ChoiceExample(guid, row[col["sent1"]], row[col["sent2"]], ends, label))
-    return out
+    return _some(out, path, "no questions (only a header line)",
+                 "one question per line under the header (SWAG format)")
 
 
 def read_choice_jsonl(path: str) -> list[ChoiceExample]:
@@ -434,7 +456,9 @@ def read_choice_jsonl(path: str) -> list[ChoiceExample]:
             guid = str(obj.get("id", obj.get("ind", len(out))))
             out.append(ChoiceExample(guid, context, start, tuple(ends),
                                      _check_label(obj.get("label"), len(ends), where)))
-    return out
+    return _some(out, path, "no questions (empty or blank file)",
+                 "one JSON object per line with 'context' (or 'ctx_a'), 'endings' and "
+                 "'label'")
 
 
 def read_hellaswag_tfds(split: str, tfds_data_dir=None) -> list[ChoiceExample]:

@@ -32,6 +32,34 @@ def encode_with_offsets(tokenizer, text: str) -> tuple[list[int], list[tuple[int
     return list(enc.ids), [tuple(o) for o in enc.offsets]
 
 
+# --- checks of a task's features ------------------------------------------------------
+
+def check_features(features: Mapping[str, np.ndarray], tokenizer, source: str
+                   ) -> Mapping[str, np.ndarray]:
+    """`features` (a task's: input_ids / input_mask `[N, L]` or `[N, choices, L]`) once two
+    checks naming `source` pass: at least one row (DataError), and the share of [UNK] among
+    the real tokens ([CLS] / [SEP] / [PAD] left out): tokenization.VocabError above
+    UNK_ERROR, a logged warning from UNK_WARN on."""
+    from absl import logging
+
+    from bert_jax.data.task_readers import DataError
+    from bert_jax.data.tokenization import check_unk_rate
+
+    if not _num_rows(features):
+        raise DataError(f"{source}: no features from its examples (every one was skipped); "
+                        f"expected at least one usable example")
+    ids = np.asarray(features["input_ids"])
+    real = (np.asarray(features["input_mask"]) > 0) & ~np.isin(
+        ids, [tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id])
+    vocab = (f"{getattr(tokenizer, 'source', type(tokenizer).__name__)} (do_lower_case="
+             f"{getattr(tokenizer, 'do_lower_case', '?')})")
+    warning = check_unk_rate(int((ids[real] == tokenizer.unk_id).sum()), int(real.sum()),
+                             source, vocab)
+    if warning:
+        logging.warning("%s", warning)
+    return features
+
+
 # --- TFRecord feature cache ------------------------------------------------------------
 
 def cache_key(**parts) -> str:

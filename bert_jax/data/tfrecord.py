@@ -47,9 +47,10 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_dataset_ops
 
 from bert_jax.data import features as features_lib
+from bert_jax.data.checks import DataCheckError, files_named
 from bert_jax.data import state as state_lib
-from bert_jax.data.shards import (CorruptShardError, count_records, find_corrupt,
-                                  short_error)
+from bert_jax.data.shards import (CorruptShardError, InputReadError, count_records,
+                                  find_corrupt, short_error)
 
 log = logging.getLogger(__name__)
 
@@ -245,6 +246,31 @@ def eval_dataset(cfg, files: Sequence[str], *, process_index: int, process_count
 # ---------------------------------------------------------------- iterators
 
 
+def input_error(error: tf.errors.OpError, files: Sequence[str], cfg):
+    """TF's error while reading a pipeline over `files` -> the one-line error to raise:
+    CorruptShardError naming the corrupt file(s) and byte offset (DataLossError),
+    DataCheckError naming the files and the lengths expected (InvalidArgumentError: a record
+    that does not parse), else InputReadError (a file gone or unreadable: TF's message
+    names it)."""
+    if not isinstance(error, (tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
+        return InputReadError(f"cannot read the input files ({files_named(list(files))}): "
+                              f"{short_error(error)}")
+    if isinstance(error, tf.errors.DataLossError):
+        bad = find_corrupt(files, error)
+        names = "; ".join(f"{f}: {msg}, after {n} good records" for f, n, msg in bad)
+        fix = ("the same command leaves it out (data.skip_corrupt=True scans the files "
+               "when it starts)" if cfg.skip_corrupt else
+               "set --config.data.skip_corrupt=True to leave corrupt shards out")
+        return CorruptShardError(f"corrupt or truncated input shard "
+                                 f"{names or short_error(error)}. Re-create it, or {fix}.")
+    return DataCheckError(
+        f"cannot parse the records of {files_named(list(files))} as BERT pre-training "
+        f"features with max_seq_length={cfg.max_seq_length}, max_predictions_per_seq="
+        f"{cfg.max_predictions_per_seq}: {short_error(error)}. Run `python -m "
+        f"bert_jax.data.inspect --verify --input=...` on the files to find the record.")
+
+
+
 def _to_numpy(batch) -> dict[str, np.ndarray]:
     # `_numpy()` hands over the tensor's buffer (as Dataset.as_numpy_iterator does);
     # `.numpy()` would copy every array, ~10% of the pipeline's CPU at length 128.
@@ -278,6 +304,7 @@ class TFRecordIterator:
             local_batch=self.local_batch, start_batch=start_batch)
         self._iter = iter(self._dataset)
         self.batches = start_batch
+        self._failed = False  # a read error: the tf.data iterator cannot be serialized
 
     @property
     def element_spec(self):
@@ -289,29 +316,25 @@ class TFRecordIterator:
     def __next__(self) -> dict[str, np.ndarray]:
         try:
             batch = next(self._iter)
-        except tf.errors.DataLossError as e:
-            bad = find_corrupt(self.files, e)
-            names = "; ".join(f"{f}: {msg} (after {n} good records)" for f, n, msg in bad)
-            raise CorruptShardError(
-                f"corrupt or truncated input shard: {names or short_error(e)}. Re-create it, or "
-                f"set data.skip_corrupt=True to leave corrupt shards out.") from None
-        except tf.errors.InvalidArgumentError as e:
-            raise ValueError(
-                f"cannot parse the input records as BERT pre-training features with "
-                f"max_seq_length={self._cfg.max_seq_length}, max_predictions_per_seq="
-                f"{self._cfg.max_predictions_per_seq}: {short_error(e)}. Run `python -m "
-                f"bert_jax.data.inspect --input=...` on the files to see what they hold."
-            ) from None
+        except tf.errors.OpError as e:  # a corrupt, unparsable or vanished file
+            self._failed = True
+            raise input_error(e, self.files, self._cfg) from None
         self.batches += 1
         return _to_numpy(batch)
 
     # -- state
 
     def get_state(self) -> dict[str, np.ndarray]:
-        variant = gen_dataset_ops.serialize_iterator(self._iter._iterator_resource, _FAIL)
-        blob = tf.io.serialize_tensor(variant).numpy()
         meta = dict(kind="tfrecord", version=STATE_VERSION, batches=self.batches,
                     signature=self._signature)
+        if self._failed:
+            # A read error left tf.data's iterator mid-record: only the count is saved, and
+            # set_state rebuilds the pipeline and skips that many batches (exact, also once
+            # the file is re-created; with data.skip_corrupt the files differ and
+            # restore_input seeks instead).
+            return {state_lib.META: state_lib.pack_meta(meta)}
+        variant = gen_dataset_ops.serialize_iterator(self._iter._iterator_resource, _FAIL)
+        blob = tf.io.serialize_tensor(variant).numpy()
         return {state_lib.META: state_lib.pack_meta(meta),
                 "tf_iterator": np.frombuffer(blob, np.uint8).copy()}
 
@@ -326,13 +349,18 @@ class TFRecordIterator:
                 "the saved input state belongs to a different pipeline; (saved, now): "
                 + json.dumps(diff) + ". Resuming it would repeat or skip examples.")
         blob = np.asarray(state.get("tf_iterator", np.zeros(0, np.uint8)), np.uint8).tobytes()
+        if not blob:  # saved after a read error (see get_state): the count is the position
+            log.warning("the input state was saved after a read error: rebuilding the "
+                        "pipeline and skipping %d batches (exact, but re-reads the data)",
+                        meta["batches"])
+            self._build(int(meta["batches"]))
+            return
         try:
-            if not blob:
-                raise ValueError("no serialized tf.data iterator in the state")
             variant = tf.io.parse_tensor(blob, tf.variant)
             self._iter = iter(self._dataset)
             gen_dataset_ops.deserialize_iterator(self._iter._iterator_resource, variant)
             self.batches = int(meta["batches"])
+            self._failed = False
         except (tf.errors.OpError, ValueError) as e:
             log.warning("cannot restore the tf.data iterator state (%s); rebuilding the "
                         "pipeline and skipping %d batches instead (exact, but re-reads the "
@@ -362,6 +390,7 @@ class EvalIterable:
                  local_batch: int):
         self.files = list(files)
         self.local_batch = local_batch
+        self._cfg = cfg
         self._dataset, self.num_batches, self.num_records = eval_dataset(
             cfg, self.files, process_index=process_index, process_count=process_count,
             local_batch=local_batch)
@@ -370,5 +399,8 @@ class EvalIterable:
         return self.num_batches
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        for batch in self._dataset:
-            yield _to_numpy(batch)
+        try:
+            for batch in self._dataset:
+                yield _to_numpy(batch)
+        except tf.errors.OpError as e:
+            raise input_error(e, self.files, self._cfg) from None

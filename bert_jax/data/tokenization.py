@@ -37,7 +37,38 @@ MAX_INPUT_CHARS_PER_WORD = 100  # BERT's WordpieceTokenizer default: longer word
 
 
 class VocabError(UserError, ValueError):
-    """A vocabulary file that cannot be used (missing special tokens, empty, unreadable)."""
+    """A vocabulary file that cannot be used (missing special tokens, empty, unreadable), or
+    one that does not fit the text (most of it becomes [UNK])."""
+
+
+# The share of [UNK] among a text's word pieces tells whether the vocabulary fits the text.
+# Measured on data_prep/sample_corpus with data_prep/bert_uncased_vocab.txt: 0.00% as it
+# should be read (lower-cased); 14% when not lower-cased (the casing does not match the
+# vocabulary); Chinese text through it 65%; a vocabulary file of another format (each line
+# "token id") 100%. Above UNK_WARN the vocabulary or the casing is most likely wrong: a
+# warning with the fraction. Above UNK_ERROR most of the text never reaches the model, which
+# would learn nothing from it: an error wherever text is checked before training (the data
+# doctor, the pre-training input check, fine-tuning features). data_prep only warns: its
+# output is still well-formed, and the doctor or the run refuses it.
+UNK_WARN = 0.05
+UNK_ERROR = 0.5
+
+
+def check_unk_rate(unk: int, total: int, where: str, vocab: str, *,
+                   error_above: float | None = UNK_ERROR) -> str | None:
+    """A warning naming `where` and `vocab` when `unk` of `total` word pieces (specials
+    excluded) is UNK_WARN or more, else None; raises VocabError above `error_above` (None:
+    never). The caller logs the warning its own way (CLI, doctor report, logger)."""
+    fraction = unk / total if total else 0.0
+    if fraction < UNK_WARN:
+        return None
+    message = (f"{where}: {fraction:.1%} of {total:,} word pieces are [UNK] with the "
+               f"vocabulary {vocab}, expected under {UNK_WARN:.0%} for a vocabulary that "
+               f"fits the text: use the model's own vocabulary and its casing "
+               f"(do_lower_case)")
+    if error_above is not None and fraction > error_above:
+        raise VocabError(message)
+    return message
 
 
 class _BaseTokenizer:

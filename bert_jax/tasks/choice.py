@@ -25,7 +25,7 @@ import numpy as np
 from bert_jax import paths
 from bert_jax.data import task_readers as readers
 from bert_jax.data.task_readers import ChoiceExample, DataError
-from bert_jax.data.tasks_input import cache_key, cached_features
+from bert_jax.data.tasks_input import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForMultipleChoice
 from bert_jax.tasks import metrics
 from bert_jax.tasks.base import EvalSet
@@ -124,9 +124,10 @@ class ChoiceTask:
         source = self.source(split)
         key = cache_key(source=source, vocab=self.vocab_file, task=self.name,
                         max_seq_length=self.max_seq_length, n=len(examples))
-        return cached_features(
+        return check_features(cached_features(
             self.cache_dir, f"choice-{self.name}-{split}", key,
-            lambda: convert_examples(examples, tokenizer, self.max_seq_length, source))
+            lambda: convert_examples(examples, tokenizer, self.max_seq_length, source)),
+            tokenizer, source)
 
     def train_features(self, tokenizer):
         # Every file the run reads, before the (long) tokenisation of the training set.

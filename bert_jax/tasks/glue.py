@@ -25,7 +25,7 @@ import numpy as np
 
 from bert_jax import paths
 from bert_jax.data import task_readers as readers
-from bert_jax.data.tasks_input import cache_key, cached_features
+from bert_jax.data.tasks_input import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForSequenceClassification
 from bert_jax.tasks import classification, metrics
 from bert_jax.tasks.base import EvalSet
@@ -109,10 +109,11 @@ class GlueTask:
         key = cache_key(source=source, vocab=self.vocab_file, labels=self.labels,
                         max_seq_length=self.max_seq_length, single=self.single_sentence,
                         n=len(examples))
-        return cached_features(
+        return check_features(cached_features(
             self.cache_dir, f"glue-{self.name}-{split}", key,
             lambda: classification.convert_examples(
-                examples, tokenizer, self.max_seq_length, self.labels, source))
+                examples, tokenizer, self.max_seq_length, self.labels, source)),
+            tokenizer, source)
 
     def train_features(self, tokenizer):
         return self._features("train", self.read("train"), tokenizer)

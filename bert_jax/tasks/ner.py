@@ -18,7 +18,7 @@ from absl import logging
 from bert_jax import paths
 from bert_jax.data import task_readers as readers
 from bert_jax.data.task_readers import DataError, NerExample
-from bert_jax.data.tasks_input import cache_key, cached_features
+from bert_jax.data.tasks_input import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForTokenClassification
 from bert_jax.tasks import ner_metrics
 from bert_jax.tasks.base import EvalSet
@@ -114,8 +114,10 @@ class NerTask:
         source = self.files[split] or f"tfds conll2003:{split}"
         key = cache_key(source=source, vocab=self.vocab_file, labels=self.labels,
                         max_seq_length=self.max_seq_length, n=len(examples))
-        return cached_features(self.cache_dir, f"ner-{split}", key, lambda: convert_examples(
-            examples, tokenizer, self.max_seq_length, self.labels, source))
+        return check_features(cached_features(
+            self.cache_dir, f"ner-{split}", key, lambda: convert_examples(
+                examples, tokenizer, self.max_seq_length, self.labels, source)),
+            tokenizer, source)
 
     def train_features(self, tokenizer):
         return self._features("train", self.read("train"), tokenizer)

@@ -15,7 +15,7 @@ import numpy as np
 import optax
 
 from bert_jax.data import task_readers as readers
-from bert_jax.data.tasks_input import cache_key, cached_features
+from bert_jax.data.tasks_input import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForQuestionAnswering
 from bert_jax.tasks import squad_features, squad_metrics, squad_postprocess
 from bert_jax.tasks.base import EvalSet
@@ -67,14 +67,23 @@ class SquadTask:
         key = cache_key(source=path or f"tfds:{self.version}", vocab=self.vocab_file,
                         lengths=(self.max_seq_length, self.doc_stride, self.max_query_length),
                         n=len(examples))
-        return cached_features(
+        return check_features(cached_features(
             self.cache_dir, f"squad{self.version}-{split}", key,
             lambda: squad_features.convert_examples(
                 examples, tokenizer, self.max_seq_length, self.doc_stride,
-                self.max_query_length, is_training=split == "train"))
+                self.max_query_length, is_training=split == "train")),
+            tokenizer, path or f"tfds squad/v{self.version}:{split}")
 
     def train_features(self, tokenizer):
         examples, _ = self.read("train")
+        # A question without an answer would be trained as "no answer here" (the [CLS]
+        # span): right for v2.0's is_impossible ones only.
+        unanswered = [e.qid for e in examples if not e.answers and not e.is_impossible]
+        if unanswered:
+            raise readers.DataError(
+                f"{self.train_file or 'tfds squad'}: {len(unanswered)} training question(s) "
+                f"without 'answers' and not marked is_impossible (first: {unanswered[0]}); "
+                f"every training question needs its answer (v2.0: or is_impossible)")
         return self._features("train", examples, tokenizer)
 
     def eval_sets(self, tokenizer) -> list[EvalSet]:

@@ -31,6 +31,10 @@ import jax
 from etils import epath
 
 from bert_jax import paths
+from bert_jax.data.checks import DataCheckError, files_named
+
+# The raw text format (data_prep.paths.TEXT_FORMAT; bert_jax does not import data_prep).
+TEXT_FORMAT = "UTF-8 text, one sentence per line, a blank line between documents"
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SAMPLE_CORPUS = os.path.join(REPO, "data_prep", "sample_corpus")
@@ -77,10 +81,13 @@ def make_eval_data(config, workdir: str):  # noqa: ARG001
     return pretrain.eval_iterator(config.data)
 
 
-def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int]:
-    """Documents are separated by blank lines (the original input format)."""
+def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int, list[str]]:
+    """Documents are separated by blank lines (the original input format). Returns (train
+    documents, held-out documents, the files without any text)."""
     docs: list[str] = []
+    blank = []
     for path in files:
+        before = len(docs)
         with paths.open_text(path) as f:  # local or gs://
             current: list[str] = []
             for line in f:
@@ -91,13 +98,21 @@ def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int]:
                     current = []
             if current:
                 docs.append("".join(current))
+        if len(docs) == before:
+            blank.append(path)
     train = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
     held = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
     for out, part in ((out_train, train), (out_eval, held)):
         with open(out + ".tmp", "w", encoding="utf-8") as f:
             f.write("\n".join(part))
         os.replace(out + ".tmp", out)
-    return len(train), len(held)
+    return len(train), len(held), blank
+
+
+def _tool_said(stderr: str, kind: str) -> list[str]:
+    """The "create_pretraining_data: <kind>: ..." lines of its stderr, without the prefix."""
+    prefix = f"create_pretraining_data: {kind}: "
+    return [line[len(prefix):] for line in stderr.splitlines() if line.startswith(prefix)]
 
 
 def _text_corpus(spec: str) -> list[str]:
@@ -127,7 +142,7 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
     spec = config.data.get("text_files", "")
     if spec:
         corpus = _text_corpus(spec)
-        what = f"data.text_files ({len(corpus)} files)"
+        what = f"data.text_files {files_named(corpus)}"
         key = hashlib.sha1(repr([(f, *_stamp(f)) for f in corpus]
                                 + [paths.resolve(vocab), lower]).encode()).hexdigest()[:12]
         out = paths.join(workdir, "text_data", f"len{seq}_pred{pred}_{key}")
@@ -148,9 +163,13 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
         os.makedirs(build_dir, exist_ok=True)
         text_train = os.path.join(build_dir, "train.txt")
         text_eval = os.path.join(build_dir, "eval.txt")
-        n_train, n_eval = _split_documents(corpus, text_train, text_eval)
+        n_train, n_eval, blank = _split_documents(corpus, text_train, text_eval)
         if not n_train:
-            raise ValueError(f"{what}: no documents in {corpus[:3]} ...")
+            raise DataCheckError(f"{what}: no text (empty or blank files); expected "
+                                 f"{TEXT_FORMAT}")
+        if blank:
+            print(f"warning: {what}: {len(blank)} file(s) hold no text (empty or blank): "
+                  f"{files_named(blank)}", flush=True)
         print(f"no data.train_files: building TFRecords from {what} ({n_train} train / "
               f"{n_eval} held-out documents) into {out}", flush=True)
         vocab_flag = (f"--spm_model_file={vocab}" if vocab.endswith(".model")
@@ -169,9 +188,20 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
                    f"--random_seed={12345 if name == 'train' else 54321}",
                    "--num_workers=2", "--noprogress"]
             result = subprocess.run(cmd, capture_output=True, text=True)
+            errors = _tool_said(result.stderr, "error")
+            if result.returncode == 2 and name == "eval":  # held-out text with no token:
+                print(f"warning: {what}: no evaluation data: {'; '.join(errors)}",
+                      flush=True)                          # train without evaluation
+                break
+            if result.returncode == 2:  # the input, not the tool: one line, no traceback
+                raise DataCheckError(f"building TFRecords from {what}: "
+                                     + "; ".join(errors or [result.stderr.strip()[-500:]]))
             if result.returncode:
                 raise RuntimeError(f"building TFRecords from {what} failed "
                                    f"({' '.join(cmd)}):\n{result.stderr[-4000:]}")
+            if name == "train":  # e.g. most text is [UNK] (the held-out part says the same)
+                for warning in _tool_said(result.stderr, "warning"):
+                    print(f"warning: {what}: {warning}", flush=True)
         if remote:
             try:
                 for name in sorted(os.listdir(build_dir)):

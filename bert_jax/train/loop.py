@@ -32,7 +32,7 @@ from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
 from bert_jax.train.runtime import Preemption as _Preemption
 from bert_jax.train.config import total_steps
-from bert_jax.errors import FaultError
+from bert_jax.errors import FaultError, ReportedError
 
 
 
@@ -209,13 +209,20 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
             after_save(int(jax.device_get(state.step)))
         return started
 
+    def saved_first(error: ReportedError, step: int) -> ReportedError:
+        return _saved_first(error, step, save if step > start and
+                            checkpointer.latest_step() != step else None)
+
     def run_eval(step: int) -> dict:
         check_finite()
-        eval_batches = make_eval_data(config, workdir)
-        if eval_batches is None:
-            return {}
-        scalars = evaluate(eval_fn, state.params, eval_batches, batch_sharding,
-                           int(config.train.eval_steps))
+        try:
+            eval_batches = make_eval_data(config, workdir)
+            if eval_batches is None:
+                return {}
+            scalars = evaluate(eval_fn, state.params, eval_batches, batch_sharding,
+                               int(config.train.eval_steps))
+        except ReportedError as e:  # a corrupt or unparsable eval file
+            raise saved_first(e, step) from None
         writer.write(step, scalars)
         _info(is_main, f"step {step}: " + metrics_lib.format_summary(scalars))
         return scalars
@@ -234,7 +241,10 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         with _Preemption() as preemption:
             step = start
             while step < steps:
-                batch = next(train_data)
+                try:
+                    batch = next(train_data)
+                except ReportedError as e:  # bad input found mid-run, e.g. a corrupt shard
+                    raise saved_first(e, step) from None
                 if compiled is None:
                     t0 = time.perf_counter()
                     compiled = train_fn.lower(state, batch, rng).compile()
@@ -353,6 +363,16 @@ def _check_finite(metrics: dict, step: int, config) -> int:
             f"stopped before saving anything from it. Lower the learning rate, check the "
             f"data, or set --config.train.skip_nonfinite=True to skip such updates.")
     return int(bad > 0)
+
+
+def _saved_first(error: ReportedError, step: int, save) -> ReportedError:
+    """`error` (bad input met mid-run), after `save(force=True)` kept the `step` steps done
+    (None: nothing new to keep), with a message that says so."""
+    if save is None:
+        return error
+    save(force=True)
+    return type(error)(f"{error} Saved step {step}, the last good one: the same command "
+                       f"resumes from it.")
 
 
 def _progress(is_main: bool, start: int, steps: int):

