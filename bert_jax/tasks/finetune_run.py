@@ -18,7 +18,9 @@ no process-to-rows convention is needed. Batch s of a run with seed k is a pure 
 Checkpoints: OUT_DIR/checkpoints (bert_jax.train.checkpoint: params, optimizer state, step,
 RNG) every `checkpoint.every` steps, at the end of training, and on SIGTERM (which stops
 the run after saving: `outcome.preempted`). The same call on the same OUT_DIR resumes from
-the latest one, bit for bit.
+the latest one, bit for bit. checkpoint.every=0: at the end (and on SIGTERM) only. Faults are
+pre-training's (bert_jax.train.checkpoint, the same Checkpointer): a failed background save
+stops the run at the next step in one line, a damaged latest checkpoint is skipped.
 """
 
 from __future__ import annotations

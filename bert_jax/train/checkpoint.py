@@ -41,6 +41,7 @@ import flax
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from bert_jax import paths
 from bert_jax.data.checkpointing import InputStateHandler, InputStateRestore, InputStateSave
@@ -141,9 +142,11 @@ class Checkpointer:
         when the checkpoint was saved by another process count, to the deterministic
         fallback position (warning; `self.data_restore.exact` is False).
 
-        step=None: the latest step that restores. A damaged step is skipped with a warning
-        and set aside (`self.skipped`); DamagedCheckpointError if none restores. A named
-        `step` that fails to restore is a DamagedCheckpointError (nothing is moved)."""
+        step=None: the latest step that restores. A damaged step is skipped and set aside
+        (listed in `self.skipped` with the cause: the loops print one line for each);
+        DamagedCheckpointError if none restores. A named `step` that fails to restore is a
+        DamagedCheckpointError (nothing is moved). Other param shapes than
+        `abstract_state`'s: CheckpointMismatchError, before any tensor is read."""
         self.skipped = []
         if step is not None:
             return self._restore_or_raise(abstract_state, data_iterator, step, rng_sharding)
@@ -263,6 +266,8 @@ def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
         manager.close()
     saved = {k: tuple(v.shape) for k, v in flax.traverse_util.flatten_dict(
         _plain(meta)).items() if hasattr(v, "shape")}
+    if not saved:  # metadata without shapes (another writer): nothing to compare
+        return
     wanted = {k: tuple(v.shape) for k, v in flax.traverse_util.flatten_dict(
         _plain(abstract_params)).items()}
     differ = sorted(k for k in wanted if saved.get(k) != wanted[k])
@@ -294,6 +299,16 @@ def locate(path: str) -> Optional[tuple[str, Optional[int]]]:
         if paths.is_dir(os.path.join(cand, "checkpoints")):
             return cand, None
     return None
+
+
+def saved_steps(workdir: str) -> list[int]:
+    """The steps saved under WORKDIR/checkpoints (folders named by a step with a state/
+    item; temporary and set-aside folders are not steps), without opening a manager."""
+    directory = epath.Path(paths.join(workdir, "checkpoints"))
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir()
+                  if p.name.isdigit() and (p / "state").is_dir())
 
 
 def pick_step(directory: str, steps: list[int], step: Optional[int], what: str) -> int:

@@ -11,9 +11,10 @@ threads with its traceback; it runs the writes (reads) as asyncio tasks on a loo
 as soon as one of them fails, so tensorstore's completion of the others calls into a closed
 loop ("Event loop is closed", through sys.unraisablehook), and the tasks left suspended are
 finalized at exit, when their cleanup can no longer import anything ("sys.meta_path is
-None"), or report an exception nobody read (asyncio's logger). `quiet_orbax_errors()` (installed by every writing Checkpointer) drops exactly these
-records and prints, and `release` collects the stranded tasks while the interpreter is alive.
-With absl's verbosity at INFO or below (--verbosity=0) orbax's own error logs are kept.
+None"), or report an exception nobody read (asyncio's logger). `quiet_orbax_errors()`
+(installed by the first Checkpointer) drops exactly these records and prints, and `release`
+collects the stranded tasks while the interpreter is alive. With absl's verbosity at INFO or
+below (--verbosity=0) orbax's own error logs are kept.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ resumed steps are the ones an uninterrupted run would have logged. SIGTERM (pree
 finishes the current step, saves, and returns normally (exit code 0). Resumed with another
 number of processes, everything but the data position is still exact; the data continues
 from a deterministic position, with a warning (bert_jax.train.checkpoint).
+
+Faults (bert_jax.train.checkpoint): a save that fails in the background stops the run at the
+first step after it failed (CheckpointSaveError, one line; older checkpoints kept); a latest
+checkpoint that cannot be read is skipped, named on one line, set aside, and the newest one
+that restores is used. checkpoint.every=0 saves at the end (and on SIGTERM) only.
 """
 
 from __future__ import annotations
@@ -135,10 +140,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     schedule = optim.make_schedule(config.schedule, total_steps(config))
     tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
     ckpt_every = checkpoint_every(config)  # 0: at the end only
-    checkpointer = ckpt_lib.Checkpointer(
-        workdir, every=ckpt_every, keep=config.checkpoint.keep,
-        keep_period=config.checkpoint.keep_period, async_save=config.checkpoint.async_save)
-    resumable = bool(checkpointer.all_steps())
+    resumable = bool(ckpt_lib.saved_steps(workdir))
     # A warm start's source is opened and its architecture checked now, from its config
     # alone: a mismatch costs no data, no init and no tensor read.
     init_source = (warm_start.check(config) if config.train.init_checkpoint and not resumable
@@ -151,6 +153,9 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         host_data, batch_sharding, size=max(int(config.data.get("prefetch_to_device", 2)), 1))
 
     writer = metrics_lib.MetricWriter(workdir, bool(config.train.get("tensorboard", True)))
+    checkpointer = ckpt_lib.Checkpointer(
+        workdir, every=ckpt_every, keep=config.checkpoint.keep,
+        keep_period=config.checkpoint.keep_period, async_save=config.checkpoint.async_save)
     rep = sharding_lib.replicated(mesh)
 
     # --- state: resume, warm start, or fresh -----------------------------------------
