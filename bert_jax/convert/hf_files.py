@@ -102,8 +102,8 @@ def _open_weights(directory: str) -> tuple[dict[str, tuple], Callable[[str], np.
         f"transformers first). The directory holds: {present[:20]}")
 
 
-def read_hf_dir(directory: str, progress: bool = False):
-    """Returns (params, config, ImportReport, vocab file or None)."""
+def read_hf_config(directory: str) -> BertConfig:
+    """The BertConfig of a Hugging Face directory's config.json (no weight is read)."""
     if paths.is_uri(directory):
         raise ValueError(
             f"{directory}: a Hugging Face directory is read from local disk (its weight files "
@@ -115,7 +115,12 @@ def read_hf_dir(directory: str, progress: bool = False):
         raise FileNotFoundError(f"{config_path} not found: --input must be a Hugging Face "
                                 f"model directory (config.json + model.safetensors)")
     with open(config_path, encoding="utf-8") as f:
-        config = hf.config_from_hf(json.load(f), source=config_path)
+        return hf.config_from_hf(json.load(f), source=config_path)
+
+
+def read_hf_dir(directory: str, progress: bool = False):
+    """Returns (params, config, ImportReport, vocab file or None)."""
+    config = read_hf_config(directory)
     shapes, load, source = _open_weights(directory)
     renamed = {_hf_name(k): k for k in shapes}
     available = {k: shapes[v] for k, v in renamed.items()}
@@ -128,8 +133,13 @@ def read_hf_dir(directory: str, progress: bool = False):
         is_skipped=lambda n: any(n.endswith(d) for d in hf._DERIVED))
     params = tensors.read_params(rows, lambda n: load(renamed[n]), to_ours, config, report,
                                  progress)
+    return params, config, report, hf_vocab(directory)
+
+
+def hf_vocab(directory: str) -> Optional[str]:
+    """DIR/vocab.txt of a Hugging Face directory, if there is one."""
     vocab = os.path.join(directory, "vocab.txt")
-    return params, config, report, (vocab if os.path.isfile(vocab) else None)
+    return vocab if os.path.isfile(vocab) else None
 
 
 def config_to_hf(config: BertConfig, params: Mapping) -> dict:

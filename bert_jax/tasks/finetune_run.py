@@ -18,7 +18,9 @@ no process-to-rows convention is needed. Batch s of a run with seed k is a pure 
 Checkpoints: OUT_DIR/checkpoints (bert_jax.train.checkpoint: params, optimizer state, step,
 RNG) every `checkpoint.every` steps, at the end of training, and on SIGTERM (which stops
 the run after saving: `outcome.preempted`). The same call on the same OUT_DIR resumes from
-the latest one, bit for bit.
+the latest one, bit for bit. checkpoint.every=0: at the end (and on SIGTERM) only. Faults are
+pre-training's (bert_jax.train.checkpoint, the same Checkpointer): a failed background save
+stops the run at the next step in one line, a damaged latest checkpoint is skipped.
 """
 
 from __future__ import annotations
@@ -236,9 +238,10 @@ def _host(tree):
 
 def _checkpointer(out_dir: str, config):
     from bert_jax.train import checkpoint as ckpt_lib
+    from bert_jax.train.config import checkpoint_every
 
     c = config.checkpoint
-    return ckpt_lib.Checkpointer(out_dir, every=int(c.every), keep=int(c.keep),
+    return ckpt_lib.Checkpointer(out_dir, every=checkpoint_every(config), keep=int(c.keep),
                                  async_save=bool(c.async_save))
 
 
@@ -268,8 +271,8 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
     is_main = jax.process_index() == 0
     batch_size = int(config.train.batch_size)
     total, log_every = steps.total_steps, max(int(config.train.log_every), 1)
-    ckpt_every = max(int(config.checkpoint.every), 1)
     checkpointer = _checkpointer(out_dir, config)
+    ckpt_every = int(config.checkpoint.every)  # 0: at the end only (checked just above)
     writer = metrics_lib.MetricWriter(out_dir, tensorboard=bool(config.train.tensorboard))
     bar = None
     try:
@@ -282,6 +285,9 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
                 raise ValueError(f"{out_dir}/checkpoints: saved by a run with another seed "
                                  f"than {seed} (another sweep?); use a new workdir")
             if is_main:
+                for bad, reason, moved in checkpointer.skipped:
+                    print(f"checkpoint at step {bad} skipped: {reason}; kept as {moved}",
+                          flush=True)
                 print(f"{out_dir}: resumed at step {int(jax.device_get(state.step))}",
                       flush=True)
         else:
@@ -314,6 +320,7 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
         with Preemption() as preemption:
             for step in range(start + 1, total + 1):
                 state, m = steps.train_fn(state, setup.place(next(batches)), rng)
+                checkpointer.check()  # a save that failed in the background stops here
                 pending.append(m)
                 if step % log_every == 0 or step == total:
                     records = [{k: float(v) for k, v in _host(x).items()} for x in pending]
@@ -331,14 +338,16 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
                     after_step(step)
                 if preemption.requested or checkpointer.manager.reached_preemption(step):
                     save(state)
+                    checkpointer.wait()
                     if is_main:
                         print(f"preemption: saved {out_dir} at step {step}; exiting",
                               flush=True)
                     return Outcome(None, state.params, True)
-                if step % ckpt_every == 0 and step != total:
+                if ckpt_every > 0 and step % ckpt_every == 0 and step != total:
                     save(state)
         if checkpointer.latest_step() != total:
             save(state)  # a kill during evaluation resumes at the evaluation
+        checkpointer.wait()  # the last save's failure is this run's error
         train_seconds = time.time() - t0
         results = evaluate(setup, steps, state.params, eval_sets, config, out_dir, writer,
                            total)
@@ -348,8 +357,7 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
     finally:
         if bar is not None:
             bar.close()
-        checkpointer.wait()
-        checkpointer.close()
+        checkpointer.close()  # waits; never raises (a failure here is already reported)
         writer.close()
 
 

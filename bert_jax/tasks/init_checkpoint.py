@@ -1,4 +1,5 @@
-"""`train.init_checkpoint` of a fine-tuning run: where the pretrained encoder comes from.
+"""`train.init_checkpoint`: where the pretrained encoder of a fine-tuning run (and the
+weights of a pre-training warm start, bert_jax/train/warm_start.py) come from.
 
     source = open_init_checkpoint(path)      # config + vocab + shapes; no arrays read yet
     check_encoder(source, abstract.params["bert"])   # before any compile: names key + shapes
@@ -19,8 +20,9 @@ Google TF checkpoints: convert first (`python -m bert_jax.convert from-tf`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import flax
 import jax
@@ -32,33 +34,41 @@ from bert_jax.models.params import stack_layers
 
 @dataclasses.dataclass
 class InitSource:
-    """kind: "model_dir" | "hf" | "workdir". params: the numpy tree (model_dir, hf; the
-    encoder under "bert"); step + shapes: the workdir checkpoint's step and the shapes of
-    its params["bert"] leaves, by "/"-joined key."""
+    """kind: "model_dir" | "hf" | "workdir". config: the checkpoint's model (read from its
+    small files: no tensor is read when opening). params: the numpy tree (model_dir, hf; the
+    encoder under "bert"), read on first use; step + shapes: the workdir checkpoint's step
+    and the shapes of its params["bert"] leaves, by "/"-joined key."""
 
     path: str
     kind: str
     config: BertConfig
     vocab: Optional[str] = None
-    params: Optional[dict] = None
+    read: Optional[Callable[[], dict]] = dataclasses.field(default=None, repr=False)
     step: Optional[int] = None
     shapes: Optional[dict[str, tuple]] = None
 
+    @functools.cached_property
+    def params(self) -> Optional[dict]:
+        return self.read() if self.read is not None else None
+
 
 def open_init_checkpoint(path: str) -> InitSource:
-    """Reads the config (and, for model / HF directories, the numpy params) of `path`."""
+    """The config and vocabulary of `path`; its tensors are read only when `params` is first
+    used (or, for a workdir, restored by `load_encoder`), so callers check the architecture
+    (bert_jax.train.warm_start.check_architecture) and shapes first."""
     from bert_jax import paths
     from bert_jax.convert import model_dir
 
     path = paths.resolve(path)
     if model_dir.is_model_dir(path):
-        params, config = model_dir.load_model_dir(path)
-        return InitSource(path, "model_dir", config, model_dir.dir_vocab(path), params=params)
+        config = BertConfig.from_json_file(os.path.join(path, model_dir.CONFIG_NAME))
+        return InitSource(path, "model_dir", config, model_dir.dir_vocab(path),
+                          read=lambda: model_dir.load_model_dir(path)[0])
     if paths.is_file(os.path.join(path, "config.json")):
-        from bert_jax.convert.hf_files import read_hf_dir
+        from bert_jax.convert.hf_files import hf_vocab, read_hf_config, read_hf_dir
 
-        params, config, _, vocab = read_hf_dir(path)
-        return InitSource(path, "hf", config, vocab, params=params)
+        return InitSource(path, "hf", read_hf_config(path), hf_vocab(path),
+                          read=lambda: read_hf_dir(path)[0])
     from bert_jax.train.checkpoint import locate
 
     if locate(path) is not None:
@@ -124,7 +134,8 @@ def load_encoder(source: InitSource, state, tx, shardings, abstract, scan_layers
     if source.kind == "workdir":
         from bert_jax.train import checkpoint as ckpt_lib
 
-        ckpt = ckpt_lib.Checkpointer(ckpt_lib.locate(source.path)[0], every=1)
+        ckpt = ckpt_lib.Checkpointer(ckpt_lib.locate(source.path)[0], every=1,
+                                     read_only=True)
         try:
             bert = ckpt.restore_params({"bert": abstract.params["bert"]},
                                        step=source.step)["bert"]

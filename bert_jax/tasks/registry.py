@@ -25,8 +25,9 @@ configs/glue.py, configs/squad.py, configs/ner.py and configs/swag.py start from
     model       the architecture when init_checkpoint is empty (random init from scratch)
     mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules: as
                 pre-training (bert_jax/train/config.py); the batch is split over data x fsdp
-    checkpoint  every (steps), keep, async_save, delete_finished (drop run_<i>/checkpoints
-                once the run's results are recorded; best_model/ keeps the best weights)
+    checkpoint  every (steps; 0: at the end only), keep, async_save, delete_finished (drop
+                run_<i>/checkpoints once the run's results are recorded; best_model/ keeps
+                the best weights)
 """
 
 from __future__ import annotations

@@ -18,21 +18,38 @@ iterator is moved to a deterministic position: it skips as many batches of its o
 as the run had consumed, with a warning that this is not an exact resume (examples may
 repeat or be skipped within the current pass over the data). See
 `bert_jax.data.state.restore_input`; `Checkpointer.data_restore` tells what happened.
+
+Faults (bert_jax.train.checkpoint_faults). A save that fails in the background (a full disk)
+is reported by `check()`, which the loops call after every step, or at the latest by the
+next `save` / `wait`: a CheckpointSaveError naming the step, the cause and the last good
+checkpoint, after the failed temporary folder is removed; older checkpoints are kept (orbax
+deletes old steps only once a new one is complete). A restore of the latest step that fails
+(a truncated or missing file) falls back to the newest step that restores, with a warning
+naming the step skipped and why; the damaged folder is renamed `<step>.damaged` (kept, never
+listed, so neither the keep-N policy nor the resumed run's save of that step touches it).
+A checkpoint of another model shape is a CheckpointMismatchError, before any tensor is read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any, Optional
 
+import flax
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from bert_jax import paths
 from bert_jax.data.checkpointing import InputStateHandler, InputStateRestore, InputStateSave
+from bert_jax.errors import ReportedError
+from bert_jax.train import checkpoint_faults as faults
 from bert_jax.train.state import TrainState
+
+log = logging.getLogger(__name__)
 
 ITEMS = ("state", "data", "config")
 # Raw data of the run's RNG key (jax's default implementation, threefry: uint32[2]).
@@ -42,21 +59,29 @@ _KEY_DATA = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
 class Checkpointer:
     """Keeps the last `keep` checkpoints plus every `keep_period`-th step (0: none).
     `save(..., force=True)` always saves; unforced saves follow orbax's interval `every`
-    (the loop forces its own schedule: every `checkpoint.every` steps, the end, SIGTERM)."""
+    (the loop forces its own schedule: every `checkpoint.every` steps, the end, SIGTERM).
+    `read_only`: another run's checkpoints (a warm start): nothing is created or cleaned;
+    otherwise temporary folders left by a killed save are removed when it opens."""
 
     def __init__(self, workdir: str, *, every: int, keep: int = 3, keep_period: int = 0,
-                 async_save: bool = True):
+                 async_save: bool = True, read_only: bool = False):
         self.directory = paths.join(workdir, "checkpoints")  # gs://... stays a URI
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=max(int(every), 1),
             max_to_keep=int(keep) if keep and keep > 0 else None,
             keep_period=int(keep_period) if keep_period and keep_period > 0 else None,
             enable_async_checkpointing=bool(async_save),
-            create=True,
+            create=not read_only,
+            read_only=bool(read_only),
+            cleanup_tmp_directories=not read_only,
         )
+        faults.quiet_orbax_errors()  # a fault is reported in one line, not 200 tracebacks
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
         # bert_jax.data.state.RestoredInput of the last restore (exact or not, and why).
         self.data_restore = None
+        # (step, reason, where it was moved) of each damaged step the last restore skipped.
+        self.skipped: list[tuple[int, str, str]] = []
+        self._pending: Optional[int] = None   # step of a save whose outcome is not known yet
 
     def latest_step(self) -> Optional[int]:
         return self.manager.latest_step()
@@ -68,27 +93,112 @@ class Checkpointer:
              *, force: bool = False) -> bool:
         """Starts saving at `state.step` (non-blocking): the arrays, `data_iterator`'s state
         as of now (snapshotted before the next `next()`), and `config` (a JSON-able dict).
-        Returns whether a save started (it does every `every` steps, or when forced)."""
+        Returns whether a save started (it does every `every` steps, or when forced).
+        Raises CheckpointSaveError if this save, or the previous one, failed."""
         step = int(jax.device_get(state.step))
+        self._settle()
         tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state,
                 "rng": jax.random.key_data(rng)}
-        return self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(tree),
-                data=InputStateSave(iterator=data_iterator),
-                config=ocp.args.JsonSave(config)),
-            force=force)
+        try:
+            started = self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(tree),
+                    data=InputStateSave(iterator=data_iterator),
+                    config=ocp.args.JsonSave(config)),
+                force=force)
+        except Exception as e:  # noqa: BLE001  (any failure of the writers is this step's)
+            raise self._save_failed(step, e) from None
+        if started:
+            self._pending = step
+        return started
+
+    def check(self) -> None:
+        """Raises CheckpointSaveError if the save in flight has finished and failed. Does not
+        wait (a save still writing is left alone): call it after every step, so a failed
+        save stops the run at the first step after it failed."""
+        if self._pending is not None and not self.manager.is_saving_in_progress():
+            self._settle()
+
+    def _settle(self) -> None:
+        """Waits for the save in flight; raises CheckpointSaveError if it failed."""
+        step, self._pending = self._pending, None
+        if step is None:
+            return
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001
+            raise self._save_failed(step, e) from None
+
+    def _save_failed(self, step: int, error: BaseException) -> faults.CheckpointSaveError:
+        self.manager.reload()  # orbax dropped steps it meant to delete from its list: re-read
+        good = [s for s in self.manager.all_steps() if s != step]
+        return faults.save_failed(self.directory, step, error, max(good) if good else None)
 
     def restore(self, abstract_state: TrainState, data_iterator: Any = None,
                 step: Optional[int] = None, rng_sharding=None):
-        """(state on abstract_state's shardings, rng key, config) of `step` (default: the
-        latest), onto any mesh and process count; `data_iterator` (if given) is moved to the
-        saved position, or, when the checkpoint was saved by another process count, to the
-        deterministic fallback position (warning; `self.data_restore.exact` is False)."""
-        step = self.latest_step() if step is None else step
-        if step is None:
+        """(state on abstract_state's shardings, rng key, config) of `step`, onto any mesh
+        and process count; `data_iterator` (if given) is moved to the saved position, or,
+        when the checkpoint was saved by another process count, to the deterministic
+        fallback position (warning; `self.data_restore.exact` is False).
+
+        step=None: the latest step that restores. A damaged step is skipped and set aside
+        (listed in `self.skipped` with the cause: the loops print one line for each);
+        DamagedCheckpointError if none restores. A named `step` that fails to restore is a
+        DamagedCheckpointError (nothing is moved). Other param shapes than
+        `abstract_state`'s: CheckpointMismatchError, before any tensor is read."""
+        self.skipped = []
+        if step is not None:
+            return self._restore_or_raise(abstract_state, data_iterator, step, rng_sharding)
+        steps = sorted(self.all_steps(), reverse=True)
+        if not steps:
             raise FileNotFoundError(f"no checkpoint under {self.directory}")
+        failures = []
+        for candidate in steps:
+            try:
+                restored = self._restore(abstract_state, data_iterator, candidate,
+                                         rng_sharding)
+            except ReportedError:
+                raise
+            except Exception as e:  # noqa: BLE001  (any read error: this step is damaged)
+                failures.append((candidate, faults.describe(e)))
+                faults.release(e)
+                continue
+            for bad, reason in failures:
+                self._skip(bad, reason)
+            return restored
+        shown = "; ".join(f"step {s}: {r}" for s, r in failures)
+        raise faults.DamagedCheckpointError(
+            f"no checkpoint under {self.directory} can be restored ({shown}); they are left "
+            f"as they are: restore a copy, or start a new --workdir")
+
+    def _skip(self, step: int, reason: str) -> None:
+        """Sets a damaged step aside (process 0 renames it; the others wait for that)."""
+        moved = self.directory
+        if jax.process_index() == 0:
+            moved = faults.set_aside(self.directory, step)
+        ocp.multihost.sync_global_processes(f"bert_jax_set_aside_{step}")
+        self.manager.reload()
+        self.skipped.append((step, reason, moved))
+
+    def _restore_or_raise(self, abstract_state, data_iterator, step, rng_sharding):
+        try:
+            return self._restore(abstract_state, data_iterator, step, rng_sharding)
+        except ReportedError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise self._damaged(step, e) from None
+
+    def _damaged(self, step: int, error: BaseException) -> faults.DamagedCheckpointError:
+        reason = faults.describe(error)
+        faults.release(error)
+        return faults.DamagedCheckpointError(
+            f"checkpoint {self.directory}/{step} cannot be restored: {reason}; name an "
+            f"earlier step as WORKDIR/checkpoints/<step> (saved: {sorted(self.all_steps())})")
+
+    def _restore(self, abstract_state, data_iterator, step, rng_sharding):
+        check_shapes(self.directory, step, abstract_state.params, partial=False,
+                     remedy="resume with the config that wrote it, or use a new --workdir")
         target = {"step": abstract_state.step, "params": abstract_state.params,
                   "opt_state": abstract_state.opt_state,
                   "rng": jax.ShapeDtypeStruct(_KEY_DATA.shape, _KEY_DATA.dtype,
@@ -110,19 +220,72 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint under {self.directory}")
-        restored = self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-                item={"params": abstract_params},
-                restore_args=jax.tree_util.tree_map(
-                    lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding), {"params": abstract_params}),
-                partial_restore=True)))
+        check_shapes(self.directory, step, abstract_params, partial=True,
+                     remedy="start from a checkpoint of the config's architecture")
+        try:
+            restored = self.manager.restore(
+                step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+                    item={"params": abstract_params},
+                    restore_args=jax.tree_util.tree_map(
+                        lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding),
+                        {"params": abstract_params}),
+                    partial_restore=True)))
+        except Exception as e:  # noqa: BLE001
+            raise self._damaged(step, e) from None
         return restored["state"]["params"]
 
     def wait(self) -> None:
+        """Waits for the save in flight; raises CheckpointSaveError if it failed."""
+        self._settle()
         self.manager.wait_until_finished()
 
     def close(self) -> None:
-        self.manager.close()
+        """Waits for the save in flight and closes the manager. Never raises: a failure not
+        reported yet (the run is already stopping on another error) is logged."""
+        try:
+            self._settle()
+        except faults.CheckpointSaveError as e:
+            log.error("%s", e)
+        finally:
+            self.manager.close()
+
+
+def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
+                 remedy: str) -> None:
+    """The params saved at `step` have the shapes of `abstract_params` (a tree of
+    ShapeDtypeStructs), read from the checkpoint's metadata (no tensor is read); else a
+    CheckpointMismatchError naming a differing parameter and both shapes. `partial`: only
+    the parameters of `abstract_params` must be there (a warm start's encoder). A checkpoint
+    whose metadata cannot be read is left to the restore (which reports the damage)."""
+    manager = _reader(directory)
+    try:
+        meta = manager.item_metadata(step)["state"]["params"]
+    except Exception:  # noqa: BLE001
+        return
+    finally:
+        manager.close()
+    saved = {k: tuple(v.shape) for k, v in flax.traverse_util.flatten_dict(
+        _plain(meta)).items() if hasattr(v, "shape")}
+    if not saved:  # metadata without shapes (another writer): nothing to compare
+        return
+    wanted = {k: tuple(v.shape) for k, v in flax.traverse_util.flatten_dict(
+        _plain(abstract_params)).items()}
+    differ = sorted(k for k in wanted if saved.get(k) != wanted[k])
+    if not partial:
+        differ += sorted(k for k in saved if k not in wanted)
+    if differ:
+        k = differ[0]
+        raise faults.CheckpointMismatchError(
+            f"{directory}/{step} holds another model than the config: params/{'/'.join(k)} "
+            f"is {saved.get(k, 'missing')} there, {wanted.get(k, 'missing')} in the config "
+            f"({len(differ)} parameter(s) differ); {remedy}")
+
+
+def _plain(tree) -> dict:
+    """A nested plain dict (FrozenDict and orbax's metadata mappings unwrapped)."""
+    if hasattr(tree, "items"):
+        return {k: _plain(v) for k, v in tree.items()}
+    return tree
 
 
 def locate(path: str) -> Optional[tuple[str, Optional[int]]]:
@@ -136,6 +299,16 @@ def locate(path: str) -> Optional[tuple[str, Optional[int]]]:
         if paths.is_dir(os.path.join(cand, "checkpoints")):
             return cand, None
     return None
+
+
+def saved_steps(workdir: str) -> list[int]:
+    """The steps saved under WORKDIR/checkpoints (folders named by a step with a state/
+    item; temporary and set-aside folders are not steps), without opening a manager."""
+    directory = epath.Path(paths.join(workdir, "checkpoints"))
+    if not directory.is_dir():
+        return []
+    return sorted(int(p.name) for p in directory.iterdir()
+                  if p.name.isdigit() and (p / "state").is_dir())
 
 
 def pick_step(directory: str, steps: list[int], step: Optional[int], what: str) -> int:

@@ -8,7 +8,8 @@
                        init_checkpoint, init_state, skip_nonfinite, deterministic,
                        tensorboard, profile_steps, profile_start
     config.mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules
-    config.checkpoint  every, keep, keep_period, async_save
+    config.checkpoint  every (> 0: every N steps and at the end; 0: at the end only; a
+                       SIGTERM always saves), keep, keep_period, async_save
 
 configs/*.py build a ConfigDict from these plus `model` (bert_jax.models.config) and `data`
 (bert_jax.data); launch/train.py locks it, so `--config.train.stepz=1` is an error. From
@@ -79,9 +80,24 @@ def mesh_config(**overrides) -> ml_collections.ConfigDict:
 
 
 def checkpoint_config(**overrides) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict(dict(every=1000, keep=3, keep_period=0, async_save=True))
+    c = ml_collections.ConfigDict(dict(
+        every=1000,      # > 0: every N steps and at the end; 0: at the end only (as eval_every)
+        keep=3, keep_period=0, async_save=True))
     c.update(overrides)
     return c
+
+
+def checkpoint_every(config) -> int:
+    """config.checkpoint.every as both loops read it: N > 0 saves every N steps, 0 saves at
+    the end only (a SIGTERM saves in either case); a negative value is a ConfigError (a run
+    that never saves could not resume)."""
+    from bert_jax.models.config import ConfigError
+
+    every = int(config.checkpoint.every)
+    if every < 0:
+        raise ConfigError(f"config.checkpoint.every={every}: expected N > 0 (save every N "
+                          f"steps and at the end) or 0 (save at the end only)")
+    return every
 
 
 def add_training_sections(config: ml_collections.ConfigDict, *, optimizer=None, schedule=None,

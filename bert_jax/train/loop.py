@@ -9,6 +9,11 @@ resumed steps are the ones an uninterrupted run would have logged. SIGTERM (pree
 finishes the current step, saves, and returns normally (exit code 0). Resumed with another
 number of processes, everything but the data position is still exact; the data continues
 from a deterministic position, with a warning (bert_jax.train.checkpoint).
+
+Faults (bert_jax.train.checkpoint): a save that fails in the background stops the run at the
+first step after it failed (CheckpointSaveError, one line; older checkpoints kept); a latest
+checkpoint that cannot be read is skipped, named on one line, set aside, and the newest one
+that restores is used. checkpoint.every=0 saves at the end (and on SIGTERM) only.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
 from bert_jax.train.runtime import Preemption as _Preemption
-from bert_jax.train.config import total_steps
+from bert_jax.train.config import checkpoint_every, total_steps
 from bert_jax.errors import FaultError, ReportedError
 
 
@@ -134,6 +139,12 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         deterministic_training=bool(config.train.deterministic))
     schedule = optim.make_schedule(config.schedule, total_steps(config))
     tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
+    ckpt_every = checkpoint_every(config)  # 0: at the end only
+    resumable = bool(ckpt_lib.saved_steps(workdir))
+    # A warm start's source is opened and its architecture checked now, from its config
+    # alone: a mismatch costs no data, no init and no tensor read.
+    init_source = (warm_start.check(config) if config.train.init_checkpoint and not resumable
+                   else None)
     batch_sharding = data_device.batch_sharding(mesh, rules)
     host_data = make_train_data(config, workdir)
     # A thread keeps `prefetch_to_device` batches on the devices ahead of the step; its
@@ -143,7 +154,7 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
 
     writer = metrics_lib.MetricWriter(workdir, bool(config.train.get("tensorboard", True)))
     checkpointer = ckpt_lib.Checkpointer(
-        workdir, every=config.checkpoint.every, keep=config.checkpoint.keep,
+        workdir, every=ckpt_every, keep=config.checkpoint.keep,
         keep_period=config.checkpoint.keep_period, async_save=config.checkpoint.async_save)
     rep = sharding_lib.replicated(mesh)
 
@@ -151,9 +162,12 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq_len, max_pred)
     # Built by a jitted function: device_put cannot target non-addressable devices.
     rng = jax.jit(lambda: jax.random.key(int(config.train.seed)), out_shardings=rep)()
-    resumed_from = checkpointer.latest_step()
-    if resumed_from is not None:
+    if resumable:
+        # The newest step that restores; a damaged one is skipped, set aside and named.
         state, rng, _ = checkpointer.restore(abstract, train_data, rng_sharding=rep)
+        resumed_from = int(jax.device_get(state.step))
+        for bad, reason, moved in checkpointer.skipped:
+            _info(is_main, f"checkpoint at step {bad} skipped: {reason}; kept as {moved}")
         _info(is_main, f"resumed from {checkpointer.directory}/{resumed_from}")
         restored_data = checkpointer.data_restore
         if restored_data is not None and not restored_data.exact:
@@ -165,9 +179,9 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         init_rng = jax.random.fold_in(rng, 0x5EED)
         state = state_lib.init_state(model, tx, mesh, rules, init_rng, seq_len, max_pred,
                                      shardings)
-        if config.train.init_checkpoint:
+        if init_source is not None:
             state, rng = warm_start.warm_start(config, state, rng, abstract, shardings, tx,
-                                               rep)
+                                               rep, init_source)
             _info(is_main, f"warm start from {config.train.init_checkpoint}")
     start = int(jax.device_get(state.step))
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
@@ -235,7 +249,6 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     last_log_time, last_log_step = None, start
     compiled, eval_scalars, preempted = None, {}, False
     log_every, eval_every = int(config.train.log_every), int(config.train.eval_every)
-    ckpt_every = max(int(config.checkpoint.every), 1)
     summary: dict = {}
     try:
         with _Preemption() as preemption:
@@ -255,6 +268,8 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                     state, step_metrics = compiled(state, batch, rng)
                 step += 1
                 profiler.after(step, state)
+                # A save that failed in the background (a full disk) stops the run here.
+                checkpointer.check()
                 pending.append(step_metrics)
                 unchecked.append((step, step_metrics))
                 check_finite(lag=1)
@@ -285,18 +300,19 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                     save(force=True)
                     _info(is_main, f"preemption: saved step {step}; exiting")
                     break
-                if step % ckpt_every == 0:
+                if ckpt_every > 0 and step % ckpt_every == 0:
                     save(force=True)
         if not preempted:
             if checkpointer.latest_step() != int(jax.device_get(state.step)):
                 save(force=True)
+        checkpointer.wait()  # the last save's failure is this run's error, before any eval
+        if not preempted:
             # eval_every > 0: periodic and final; 0: final only; < 0: never.
             eval_scalars = run_eval(steps) if eval_every >= 0 else {}
     finally:
         profiler.close()
         train_data.close()
-        checkpointer.wait()
-        checkpointer.close()
+        checkpointer.close()  # waits; never raises (a failure here is already reported)
         if bar is not None:
             bar.close()
         writer.close()

@@ -1,14 +1,20 @@
 """`train.init_checkpoint`: start a run from weights trained elsewhere.
 
-Two sources:
+    source = check(config)      # opened and checked before any tensor is read or compiled
+    state, rng = warm_start(config, state, rng, abstract, shardings, tx, rng_sharding, source)
+
+Three sources (opened by bert_jax.tasks.init_checkpoint, the opener fine-tuning uses too):
   * a model directory (bert_jax.convert.model_dir: `bert_config.json` + `params/`), e.g. a
-    converted Google or Hugging Face BERT: its subtrees ("bert", "mlm", "nsp", ...) replace
-    ours where both exist; heads it lacks keep their fresh init;
+    converted Google BERT, or a Hugging Face directory (config.json + weights): their
+    subtrees ("bert", "mlm", "nsp", ...) replace ours where both exist; heads they lack
+    keep their fresh init;
   * another run's WORKDIR (or its `checkpoints/`, or `checkpoints/<step>` for a step other
     than the latest): with `train.init_state="params"` the params only (fresh optimizer,
     step 0); with "full" also the optimizer state, step and RNG, so the schedule
     continues: phase 2 of the paper (length 512) after phase 1.
-Every shape is checked first; a mismatch names the parameter and both shapes.
+Every source's architecture is compared with config.model first, from its config alone
+(`check_architecture`: one line naming each differing key, before any tensor is read);
+then every shape is checked; a mismatch names the parameter and both shapes.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import jax
 import numpy as np
 
 from bert_jax import paths
-from bert_jax.convert import model_dir
+from bert_jax.errors import UserError
 from bert_jax.models.params import stack_layers
 from bert_jax.train import checkpoint as ckpt_lib
 from bert_jax.train import state as state_lib
@@ -26,46 +32,63 @@ ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
              "intermediate_size", "type_vocab_size", "max_position_embeddings")
 
 
-def warm_start(config, state, rng, abstract, shardings, tx, rng_sharding):
-    """Returns (state, rng) started from config.train.init_checkpoint."""
+class ArchitectureError(UserError, ValueError):
+    """An init checkpoint whose model has another architecture than the run's."""
+
+
+def check_architecture(theirs, ours, what: str) -> None:
+    """BertConfigs `theirs` (a checkpoint's) and `ours` (config.model) agree on every key
+    that shapes a tensor; else an ArchitectureError naming each differing key."""
+    diff = {k: (getattr(theirs, k), getattr(ours, k)) for k in ARCH_KEYS
+            if getattr(theirs, k) != getattr(ours, k)}
+    if diff:
+        raise ArchitectureError(
+            f"{what}: architecture differs from config.model (checkpoint, config): {diff}; "
+            f"start from a checkpoint of this architecture, or set config.model to the "
+            f"checkpoint's")
+
+
+def check(config):
+    """Opens config.train.init_checkpoint (its config only) and checks init_state and the
+    architecture. Returns the bert_jax.tasks.init_checkpoint.InitSource to warm start from."""
+    from bert_jax.tasks.init_checkpoint import open_init_checkpoint
+
     path = paths.resolve(config.train.init_checkpoint)
     mode = config.train.get("init_state", "params")
     if mode not in ("params", "full"):
         raise ValueError(f"config.train.init_state={mode!r}; expected 'params' or 'full'")
-    if model_dir.is_model_dir(path):
-        if mode == "full":
-            raise ValueError(f"config.train.init_state='full' needs a training workdir, but "
-                             f"{path} is a model directory (params only)")
-        return _from_model_dir(path, config, state, tx, shardings), rng
-    found = ckpt_lib.locate(path)
-    if found is None:
-        raise FileNotFoundError(
-            f"config.train.init_checkpoint={path}: neither a model directory "
-            f"({model_dir.CONFIG_NAME} + {model_dir.PARAMS_NAME}/) nor a training workdir "
-            f"(WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
-    run, step = found
-    ckpt = ckpt_lib.Checkpointer(run, every=1)
+    source = open_init_checkpoint(path)
+    if mode == "full" and source.kind != "workdir":
+        kind = "a model directory" if source.kind == "model_dir" else "a Hugging Face directory"
+        raise ValueError(f"config.train.init_state='full' needs a training workdir, but "
+                         f"{path} is {kind} (params only)")
+    check_architecture(source.config, state_lib.model_config(config),
+                       f"config.train.init_checkpoint={path}")
+    return source
+
+
+def warm_start(config, state, rng, abstract, shardings, tx, rng_sharding, source=None):
+    """Returns (state, rng) started from config.train.init_checkpoint (`source`: what
+    `check(config)` returned; opened and checked here if not given)."""
+    source = check(config) if source is None else source
+    if source.kind != "workdir":
+        return _from_params(source, config, state, tx, shardings), rng
+    ckpt = ckpt_lib.Checkpointer(ckpt_lib.locate(source.path)[0], every=1, read_only=True)
     try:
-        step = ckpt_lib.pick_step(ckpt.directory, ckpt.all_steps(), step,
-                                  f"config.train.init_checkpoint={path}")
-        if mode == "full":
-            new_state, new_rng, _ = ckpt.restore(abstract, step=step, rng_sharding=rng_sharding)
+        if config.train.get("init_state", "params") == "full":
+            new_state, new_rng, _ = ckpt.restore(abstract, step=source.step,
+                                                 rng_sharding=rng_sharding)
             return new_state, new_rng
-        params = ckpt.restore_params(abstract.params, step=step)
+        params = ckpt.restore_params(abstract.params, step=source.step)
     finally:
         ckpt.close()
     return state_lib.state_with_params(state, params, tx, shardings), rng
 
 
-def _from_model_dir(path: str, config, state, tx, shardings):
-    loaded, loaded_cfg = model_dir.load_model_dir(path)
+def _from_params(source, config, state, tx, shardings):
+    """A model / Hugging Face directory's subtrees in place of ours (numpy, read now)."""
+    path, loaded = source.path, source.params
     ours = state_lib.model_config(config)
-    diff = {k: (getattr(loaded_cfg, k), getattr(ours, k)) for k in ARCH_KEYS
-            if getattr(loaded_cfg, k) != getattr(ours, k)}
-    if diff:
-        raise ValueError(
-            f"config.train.init_checkpoint={path}: architecture differs from config.model "
-            f"(checkpoint, config): {diff}")
     if ours.scan_layers:
         loaded = stack_layers(loaded, ours.num_hidden_layers)
     current = jax.tree_util.tree_map(np.asarray, jax.device_get(state.params))

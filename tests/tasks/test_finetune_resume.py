@@ -71,3 +71,35 @@ def test_finished_runs_are_read_back_and_must_match_the_sweep(tmp_path):
                                          r"is not run 1 of this config's sweep"):
         finetune.finished_runs(str(tmp_path), [(5e-5, 0), (5e-5, 7)])
     assert finetune.finished_runs(str(tmp_path / "nothing"), plan) == []
+
+
+def test_damaged_checkpoint_of_a_preempted_run_resumes_from_the_one_before(
+        tmp_path, reference_run, capsys):
+    """Fine-tuning restores through the same Checkpointer as pre-training: a run preempted
+    after step 3 (checkpoints 2 and 3) whose step-3 checkpoint is then truncated resumes
+    from step 2, says so in one line, keeps the damaged folder, and ends with the losses
+    and metrics of the uninterrupted reference run bit for bit."""
+    ref_dir, _ = reference_run
+    work = tmp_path / "work"
+
+    def after_step(step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    config = tiny_pairs_config(restarts=1)
+    assert finetune.run(config, str(work), progress=False, after_step=after_step)["preempted"]
+    checkpoints = work / "run_0" / "checkpoints"
+    assert sorted(os.listdir(checkpoints)) == ["2", "3"]
+    files = sorted((checkpoints / "3" / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
+    os.truncate(files[-1], 100)
+    capsys.readouterr()
+
+    steps_seen = []
+    finetune.run(config, str(work), progress=False, after_step=steps_seen.append)
+    out = capsys.readouterr().out
+    assert steps_seen == [3, 4]                           # resumed after step 2
+    assert "checkpoint at step 3 skipped: OUT_OF_RANGE" in out, out
+    assert f"kept as {checkpoints}/3.damaged" in out and "resumed at step 2" in out
+    got, want = losses(work / "run_0"), losses(ref_dir / "run_0")
+    assert sorted(got) == [1, 2, 3, 4] and got == want    # float32 on CPU: bit for bit
+    assert "3.damaged" in os.listdir(checkpoints)

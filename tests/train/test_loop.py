@@ -198,7 +198,8 @@ def test_warm_start_from_a_run_params_or_full_state(tiny, tmp_path):
                         opt_state=jax.tree_util.tree_map(lambda x: x + 1, src.opt_state))
     saver = ckpt_lib.Checkpointer(str(tmp_path / "phase1"), every=1)
     rng = jax.random.key(3)
-    saver.save(moved, rng, MemorySource(8), {"note": "phase 1"}, force=True)
+    # A run saves its config beside the state; the warm start reads its model section.
+    saver.save(moved, rng, MemorySource(8), loop.config_to_dict(tiny["config"]), force=True)
     saver.wait()
     saver.close()
     expected = jax.tree_util.tree_map(np.asarray, jax.device_get(moved))
@@ -239,7 +240,8 @@ def test_warm_start_from_a_chosen_step(tiny, tmp_path):
     for step, shift in ((7, 1.0), (9, 2.0)):
         moved = src.replace(step=jnp.asarray(step, jnp.int32),
                             params=jax.tree_util.tree_map(lambda x, s=shift: x + s, src.params))
-        saver.save(moved, jax.random.key(step), MemorySource(8), {}, force=True)
+        saver.save(moved, jax.random.key(step), MemorySource(8),
+                   loop.config_to_dict(tiny["config"]), force=True)
         saved[step] = jax.tree_util.tree_map(np.asarray, jax.device_get(moved.params))
     saver.wait()
     saver.close()

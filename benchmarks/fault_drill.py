@@ -1,0 +1,295 @@
+r"""Fault drill: kill -9 a pre-training run at random moments, resume it each time, and
+check that nothing is lost beyond one checkpoint interval and that the end is the end of
+an uninterrupted run, bit for bit.
+
+    python benchmarks/fault_drill.py [--kills=10] [--during_saves=3] [--every=20] \
+        [--config=configs/bert_tiny.py] [--workdir=/tmp/fault_drill] [--seed=0]
+
+Runs `launch/train.py` (synthetic data, so the drill needs no corpus) once uninterrupted
+as the reference, then the same command again and again in another workdir: `--kills`
+launches are SIGKILLed from here, `--during_saves` of them as soon as a save's temporary
+folder appears (orbax writes `<step>.orbax-checkpoint-tmp` and renames it when complete),
+the others after a random delay (startup, compile and training alike), and a last launch
+runs to the end. For each kill it records the newest complete checkpoint left on disk and
+the last step logged; the next launch must resume from exactly that checkpoint (its
+"resumed from" line), and the steps lost (last logged - resumed) must stay within one
+interval (plus, for a kill during a save, the steps trained while that save was in
+flight). A launch that fails on its own (exit code other than -9), resumes from anything
+else, or skips a damaged checkpoint is a failed resume. At the end the final params and
+every step's logged loss must equal the reference's bit for bit, and no temporary folder
+may be left. Prints
+
+    10 kills, 0 lost beyond one interval, 0 failed resumes
+    3 of the kills during a save; ...; final state equal to the uninterrupted run: yes
+
+and exits 1 if anything was lost, failed or differs. All launches share a persistent XLA
+compilation cache, so a relaunch compiles nothing (same programs, same numerics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TMP_MARK = ".orbax-checkpoint-tmp"
+
+
+@dataclasses.dataclass
+class Kill:
+    mode: str                  # "random" | "save"
+    launch: int
+    reached: Optional[int]     # last step this launch logged before the kill (None: none)
+    complete: Optional[int]    # newest complete checkpoint on disk after the kill
+    save_started: Optional[int] = None  # the step of a save the kill interrupted
+    resumed: Optional[int] = None       # where the next launch that started training began
+    lost: int = 0
+
+    @property
+    def during_save(self) -> bool:
+        return self.save_started is not None
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--kills", type=int, default=10)
+    p.add_argument("--during_saves", type=int, default=3)
+    p.add_argument("--every", type=int, default=20, help="checkpoint.every (steps)")
+    p.add_argument("--steps", type=int, default=0,
+                   help="train.steps; 0: every * (2 * kills + 4), room for every kill")
+    p.add_argument("--config", default="configs/bert_tiny.py")
+    p.add_argument("--workdir", default="/tmp/fault_drill")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=600, help="seconds per launch")
+    return p.parse_args(argv)
+
+
+def _command(args, workdir: str) -> list[str]:
+    return [sys.executable, os.path.join(REPO, "launch", "train.py"), f"--config={args.config}",
+            f"--workdir={workdir}", "--config.data.source=synthetic",
+            f"--config.train.steps={args.steps}", f"--config.checkpoint.every={args.every}",
+            "--config.checkpoint.keep=3", "--config.train.log_every=1",
+            "--config.train.eval_every=-1", "--config.train.tensorboard=False"]
+
+
+def _env(cache: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    env["JAX_COMPILATION_CACHE_DIR"] = cache
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    return env
+
+
+def _records(workdir: str, offset: int = 0) -> list[dict]:
+    """metrics.jsonl's records from byte `offset` on (a line cut by a kill is skipped)."""
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return []
+    with open(path, "rb") as f:
+        f.seek(offset)
+        lines = f.read().decode("utf-8", "replace").splitlines()
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _logged(workdir: str, offset: int = 0) -> dict[int, float]:
+    """step -> train/loss, the last record of each step (a resumed step logs again)."""
+    return {int(r["step"]): r["train/loss"] for r in _records(workdir, offset)
+            if "train/loss" in r}
+
+
+def _size(workdir: str) -> int:
+    path = os.path.join(workdir, "metrics.jsonl")
+    return os.path.getsize(path) if os.path.isfile(path) else 0
+
+
+def _checkpoints(workdir: str) -> tuple[list[int], list[str]]:
+    """(complete steps, temporary folders) under WORKDIR/checkpoints."""
+    directory = os.path.join(workdir, "checkpoints")
+    names = os.listdir(directory) if os.path.isdir(directory) else []
+    return sorted(int(n) for n in names if n.isdigit()), sorted(n for n in names if TMP_MARK in n)
+
+
+def _launch(args, workdir, cache, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen(_command(args, workdir), cwd=REPO, env=_env(cache), stdout=log,
+                            stderr=subprocess.STDOUT, text=True)
+    return proc, log
+
+
+def _wait_first_step(proc, workdir, offset: int, deadline: float) -> bool:
+    """Waits until the launch logs a step (metrics.jsonl grows past `offset`)."""
+    while time.time() < deadline and proc.poll() is None:
+        if _logged(workdir, offset):
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _start_step(log_text: str) -> Optional[int]:
+    """The step a launch started training from ("... steps S -> N ..."), None if it was
+    killed before that line (while starting up or restoring)."""
+    m = re.search(r"; steps (\d+) -> \d+;", log_text)
+    return int(m.group(1)) if m else None
+
+
+def _final_params(workdir: str, step: int):
+    import numpy as np
+    import orbax.checkpoint as ocp
+    import jax
+
+    import warnings
+
+    with warnings.catch_warnings(), ocp.PyTreeCheckpointer() as ckptr:
+        warnings.simplefilter("ignore")  # "Sharding info not provided": host arrays wanted
+        tree = ckptr.restore(os.path.join(workdir, "checkpoints", str(step), "state"))
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(tree["params"])]
+
+
+def drill(args) -> int:
+    """Runs the drill; prints the summary; returns the process exit code (0: all good)."""
+    if args.during_saves > args.kills:
+        raise SystemExit("--during_saves cannot exceed --kills")
+    args.steps = args.steps or args.every * (2 * args.kills + 4)
+    rng = random.Random(args.seed)
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    os.makedirs(args.workdir)
+    cache = os.path.join(args.workdir, "xla_cache")
+    reference, work = os.path.join(args.workdir, "reference"), os.path.join(args.workdir, "run")
+
+    t0 = time.time()
+    proc, log = _launch(args, reference, cache, os.path.join(args.workdir, "reference.log"))
+    started = _wait_first_step(proc, reference, 0, t0 + args.timeout)
+    t1 = time.time()
+    code = proc.wait(timeout=args.timeout)
+    log.close()
+    if code != 0 or not started:
+        print(f"the reference run failed (exit {code}); see {args.workdir}/reference.log")
+        return 1
+    startup, step_time = t1 - t0, (time.time() - t1) / max(args.steps - 1, 1)
+    print(f"reference: {args.steps} steps, startup {startup:.1f} s, {step_time * 1e3:.0f} ms "
+          f"per step; checkpoint every {args.every} steps", flush=True)
+
+    modes = ["save"] * args.during_saves + ["random"] * (args.kills - args.during_saves)
+    rng.shuffle(modes)
+    kills: list[Kill] = []
+    unobserved: list[Kill] = []   # kills whose resume no launch has shown yet
+    relaunch_startup = startup    # launch -> first step; relaunches reuse the compiled step
+    failed: list[str] = []
+    attempt = 0
+    while True:
+        attempt += 1
+        mode = modes[len(kills)] if len(kills) < len(modes) else None
+        offset = _size(work)
+        log_path = os.path.join(args.workdir, f"launch_{attempt}.log")
+        t_start = time.time()
+        proc, log = _launch(args, work, cache, log_path)
+        deadline = t_start + args.timeout
+        if mode == "random":
+            # Any moment of a launch: one kill in four while it starts up (imports, compile,
+            # restore), the others while it trains, within two intervals of its first step.
+            if rng.random() < 0.25:
+                time.sleep(rng.uniform(0.1, 0.9) * relaunch_startup)
+            elif _wait_first_step(proc, work, offset, deadline):
+                relaunch_startup = min(relaunch_startup, time.time() - t_start)
+                time.sleep(rng.uniform(0, 2 * args.every * step_time))
+        elif mode == "save":
+            # A save of this launch: a temporary folder appearing after its first step
+            # (the launch removed any left by an earlier kill when it opened the manager).
+            if _wait_first_step(proc, work, offset, deadline):
+                relaunch_startup = min(relaunch_startup, time.time() - t_start)
+                while proc.poll() is None and time.time() < deadline:
+                    if _checkpoints(work)[1]:
+                        break
+                    time.sleep(0.001)
+        kill = None
+        if mode is not None and proc.poll() is None:
+            tmp_seen = _checkpoints(work)[1]
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            complete, tmp_left = _checkpoints(work)
+            steps = _logged(work, offset)
+            in_flight = sorted(set(tmp_seen) & set(tmp_left))
+            kill = Kill(mode, attempt, max(steps) if steps else None,
+                        complete[-1] if complete else None,
+                        int(in_flight[-1].split(".")[0]) if in_flight and steps else None)
+        code = proc.wait(timeout=max(deadline - time.time(), 1))
+        log.close()
+        text = open(log_path).read()
+        if kill is None and code != 0:
+            failed.append(f"launch {attempt} exited {code} (see {log_path})")
+            break
+        if "skipped:" in text:
+            failed.append(f"launch {attempt} skipped a damaged checkpoint (see {log_path})")
+        start = _start_step(text)
+        if start is not None:
+            # Every earlier kill not yet followed by a start resumes here (nothing was
+            # saved in between): it must be from the newest complete checkpoint it left.
+            for k in unobserved:
+                k.resumed = start
+                if start != (k.complete or 0):
+                    failed.append(f"launch {attempt} started at step {start} after kill "
+                                  f"{kills.index(k) + 1}, whose newest complete checkpoint "
+                                  f"was {k.complete} (see {log_path})")
+                k.lost = (k.reached - start) if k.reached is not None else 0
+            unobserved = []
+        if kill is None:
+            break
+        kills.append(kill)
+        unobserved.append(kill)
+
+    lost_beyond = []
+    for k in kills:
+        # Steps since the newest complete checkpoint: under one interval, plus the steps
+        # trained while an interrupted save was in flight.
+        allowed = args.every + ((k.reached - k.save_started) if k.during_save else 0)
+        if k.lost > allowed or k.resumed != (k.complete or 0):
+            lost_beyond.append(k)
+    leftovers = _checkpoints(work)[1]
+    want, got = _logged(reference), _logged(work)
+    same_losses = want == got and sorted(got) == list(range(1, args.steps + 1))
+    same_params = False
+    if not failed and args.steps in _checkpoints(work)[0]:
+        a, b = _final_params(reference, args.steps), _final_params(work, args.steps)
+        same_params = len(a) == len(b) > 0 and all((x == y).all() for x, y in zip(a, b))
+    during = sum(k.during_save for k in kills)
+    print(f"{len(kills)} kills, {len(lost_beyond)} lost beyond one interval, "
+          f"{len(failed)} failed resumes")
+    worst = max((k.lost for k in kills), default=0)
+    print(f"{during} of the kills during a save ({sum(k.mode == 'save' for k in kills)} aimed "
+          f"at one); most steps lost by a kill: {worst} (interval {args.every}); temporary "
+          f"folders left: {len(leftovers)}; final state equal to the uninterrupted run: "
+          f"{'yes' if same_params and same_losses else 'NO'} (params and {len(want)} losses, "
+          f"bit for bit)")
+    for i, k in enumerate(kills, 1):
+        where = f", during the save of step {k.save_started}" if k.during_save else ""
+        at = f"step {k.reached}" if k.reached is not None else "start-up (no step yet)"
+        print(f"  kill {i} ({k.mode}{where}) at {at}: newest complete checkpoint "
+              f"{k.complete}, resumed from {k.resumed}, steps lost {k.lost}")
+    for f in failed:
+        print(f"  FAILED: {f}")
+    ok = not lost_beyond and not failed and not leftovers and same_params and same_losses
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(drill(_args()))
