@@ -128,7 +128,9 @@ def test_disk_full_during_async_save_stops_at_the_next_steps_in_one_line(
     assert isinstance(err.value, FaultError) and err.value.exit_code == 1
     assert "\n" not in str(err.value)
     steps = [s for s, _ in _logged(tmp_path)]
-    assert 8 < max(steps) < 12, steps          # noticed at the steps after 8, not at 12
+    # Noticed by the check right after step 8 (when the background write fails that fast, as
+    # on a loaded machine) or at the steps after it, never as late as the next save (12).
+    assert 8 <= max(steps) < 12, steps
     assert sorted(os.listdir(directory)) == ["4"]   # temp folder gone, step 4 kept
     assert len(_saved_params(tmp_path, 4)) > 10
 
