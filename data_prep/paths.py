@@ -12,6 +12,7 @@ import os
 from etils import epath
 
 from bert_jax import paths as bert_paths
+from bert_jax.errors import UserError
 from bert_jax.paths import is_uri
 
 
@@ -19,7 +20,7 @@ def size(path: str) -> int:
     return epath.Path(path).stat().length if is_uri(path) else os.path.getsize(path)
 
 
-class InputError(Exception):
+class InputError(UserError):
     """Bad flags or files, found before any work (printed without a traceback)."""
 
 

@@ -23,6 +23,8 @@ from typing import Any, Sequence
 import numpy as np
 from absl import app, flags
 
+from bert_jax import cli
+
 from bert_jax.data import checks
 from bert_jax.data import features as features_lib
 
@@ -227,4 +229,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, also=(FileNotFoundError,))  # an input glob that matches nothing
