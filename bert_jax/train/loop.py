@@ -212,6 +212,10 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
 
     def run_eval(step: int) -> dict:
         check_finite()
+        if step == start:  # nothing trained since the restart: a finished run, run again
+            done, scalars = metrics_lib.recorded(workdir, step, "eval/")
+            if done:
+                return scalars
         eval_batches = make_eval_data(config, workdir)
         if eval_batches is None:
             return {}
