@@ -45,11 +45,13 @@ def test_train_py_mistyped_config_key_is_one_line_naming_the_closest_key(tmp_pat
 
 def test_train_py_error_in_main_is_one_line(tmp_path):
     """A ReportedError raised in main (a GLUE config without a checkpoint) is one line."""
-    r, lines = _run("launch/train.py", "--config=configs/glue.py:mrpc", f"--workdir={tmp_path}")
+    workdir = tmp_path / "mrpc"
+    r, lines = _run("launch/train.py", "--config=configs/glue.py:mrpc", f"--workdir={workdir}")
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and lines[0].startswith(
         "error: no train.init_checkpoint given: fine-tuning starts from a pretrained "
         "encoder; pass --config.train.init_checkpoint="), r.stderr
+    assert not workdir.exists()  # refused before anything was written
 
 
 @pytest.mark.parametrize("args, message", [

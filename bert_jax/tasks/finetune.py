@@ -147,7 +147,6 @@ def run(config, workdir: str, progress: bool = True,
     workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
     optim.check_optimizer(config.optimizer)  # before any data is read
     is_main = jax.process_index() == 0
-    paths.makedirs(workdir)
     bert_config, source, vocab = model_and_init(config)
     vocab = config.tokenizer.vocab_file or vocab
     if not vocab and not config.train.init_checkpoint:
@@ -162,6 +161,7 @@ def run(config, workdir: str, progress: bool = True,
                           f"vocabulary (vocab.txt): set --config.tokenizer.vocab_file")
     tokenizer = load_tokenizer(vocab_file=vocab, do_lower_case=config.tokenizer.do_lower_case)
     task = task_from_config(config, vocab_file=vocab)
+    paths.makedirs(workdir)  # once the checkpoint, vocabulary and task are known to be there
     if not config.train.do_train:  # predict with a fine-tuned model: no training data read
         from bert_jax.tasks.predict import predict
 
@@ -313,10 +313,13 @@ def main(argv: Any) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", None, "fine-tuning config file", lock_config=True)
     flags.DEFINE_string("workdir", None, "output directory")
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    from bert_jax import cli
+    from bert_jax.train.config import check_config_flag
+
+    cli.run(main, diagnose=check_config_flag, also=(FileNotFoundError,))
