@@ -51,13 +51,16 @@ def fail(message: str, exit_code: int, exc: Optional[BaseException] = None,
 def reported(verbose: bool = False,
              also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
     """Turns a ReportedError (and the exception types in `also`, counted as the user's
-    mistakes: exit 2) raised inside the block into one line and its exit code."""
+    mistakes: exit 2) raised inside the block into one line and its exit code; Ctrl-C into
+    "error: interrupted", exit 130."""
     try:
         yield
     except ReportedError as e:
-        fail(str(e), e.exit_code, e, verbose)
+        fail(one_line(e), e.exit_code, e, verbose)
     except also as e:  # noqa: B030  (an empty tuple catches nothing)
-        fail(str(e), UserError.exit_code, e, verbose)
+        fail(one_line(e), UserError.exit_code, e, verbose)
+    except KeyboardInterrupt as e:  # Ctrl-C: what the program saved is said by the program
+        fail("interrupted", 130, e, verbose)
 
 
 def _verbose_in(argv: Sequence[str]) -> bool:
@@ -88,13 +91,10 @@ def innermost(e: BaseException) -> BaseException:
 
 
 def one_line(e: BaseException) -> str:
-    """A message for the user from an exception of a library: KeyError's quoted repr undone,
-    several lines joined."""
-    text = e.args[0] if isinstance(e, KeyError) and len(e.args) == 1 else str(e)
-    text = str(text)
-    while isinstance(text, str) and len(text) > 1 and text[0] == text[-1] and text[0] in "'\"":
-        text = text[1:-1].replace("\\n", "\n").replace("\\'", "'")
-    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+    """The message of `e` on one line (its lines joined by "; "); a KeyError's own text, not
+    its repr."""
+    text = str(e.args[0]) if isinstance(e, KeyError) and len(e.args) == 1 else str(e)
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
 def parse_flags(argv: list[str], diagnose: Optional[Callable[[list[str]], None]] = None
