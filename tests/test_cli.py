@@ -113,6 +113,7 @@ def test_reported_exit_codes_and_verbose(capsys):
     with pytest.raises(SystemExit) as e, cli.reported(also=(FileNotFoundError,)):
         raise FileNotFoundError("task.dev_file=nope.tsv: no such file")
     assert e.value.code == 2
+    assert capsys.readouterr().err == "error: task.dev_file=nope.tsv: no such file\n"
     with pytest.raises(SystemExit) as e, cli.reported():
         raise UserError("shard.tfrecord: truncated record\n  at byte 250190")
     assert capsys.readouterr().err == "error: shard.tfrecord: truncated record; at byte 250190\n"
