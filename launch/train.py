@@ -39,7 +39,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from bert_jax import cli  # noqa: E402
-from bert_jax.train.config import check_config_flag  # noqa: E402
+from bert_jax.train.config import check_config_flag, config_path  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Run config: configs/<name>.py[:arg]",
@@ -68,7 +68,7 @@ def main(argv):
 
     # A --config file that does not exist parses (ml_collections defers the error to the
     # first use of the config): name it now.
-    check_config_flag(["", f"--config={config_flags.get_config_filename(FLAGS['config'])}"])
+    config_path(config_flags.get_config_filename(FLAGS["config"]), repo_fallback=False)
     runtime.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
                        FLAGS.process_id)
     task = FLAGS.config.get("task", None)

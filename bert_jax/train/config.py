@@ -113,7 +113,9 @@ class ConfigFileError(UserError, FileNotFoundError):
     """`--config=FILE` (or load_config's spec) names no file."""
 
 
-def _config_path(spec: str, repo_fallback: bool) -> str:
+def config_path(spec: str, repo_fallback: bool) -> str:
+    """The file of "configs/<name>.py[:arg]" (relative to the working directory, or with
+    `repo_fallback` to this repository); ConfigFileError listing the configs if none."""
     path = spec.partition(":")[0]
     if os.path.isfile(path):
         return path
@@ -164,7 +166,7 @@ def load_config(spec: str, overrides: Optional[Mapping[str, Any]] = None
     repository) -> its get_config(arg), locked as launch/train.py locks it, with `overrides`
     ({"train.steps": 100, ...}) applied. An unknown key is a ConfigError naming the file,
     the key and the closest existing key, as `--config.<key>` is on the command line."""
-    path = _config_path(spec, repo_fallback=True)
+    path = config_path(spec, repo_fallback=True)
     arg = spec.partition(":")[2]
     module_spec = importlib.util.spec_from_file_location(
         "bert_jax_config_" + os.path.basename(path)[:-3], path)
@@ -192,7 +194,7 @@ def check_config_flag(argv: Sequence[str], name: str = "config") -> None:
             keys.append(arg[len(name) + 3:].split("=", 1)[0])
     if spec is None:
         return
-    _config_path(spec, repo_fallback=False)  # ml_collections looks in the working directory
+    config_path(spec, repo_fallback=False)  # ml_collections looks in the working directory
     if not keys:
         return
     config = load_config(spec)
