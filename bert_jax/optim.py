@@ -25,6 +25,8 @@ import jax
 import numpy as np
 import optax
 
+from bert_jax.models.config import ConfigError
+
 OPTIMIZERS = ("adamw", "lamb")
 DECAYS = ("polynomial", "linear", "cosine", "constant")
 
@@ -41,9 +43,9 @@ def make_schedule(schedule, total_steps: int) -> optax.Schedule:
     end_lr = float(schedule.get("end_lr", 0.0))
     decay = schedule.get("decay", "linear")
     if decay not in DECAYS:
-        raise ValueError(f"config.schedule.decay={decay!r}; expected one of {DECAYS}")
+        raise ConfigError(f"config.schedule.decay={decay!r}; expected one of {DECAYS}")
     if warmup < 0 or total_steps <= 0:
-        raise ValueError(
+        raise ConfigError(
             f"config.schedule.warmup_steps={warmup} and total steps {total_steps} must be "
             ">= 0 and > 0")
     decay_steps = max(total_steps - warmup, 1)
@@ -156,7 +158,7 @@ def layer_depths(params: Any) -> tuple[Any, int]:
                          f"(found layer_{sorted(found)})")
     num_layers = len(found) or (scanned.pop() if scanned else 0)
     if not num_layers:
-        raise ValueError("optimizer.layer_decay < 1 needs a BERT encoder in the params "
+        raise ConfigError("optimizer.layer_decay < 1 needs a BERT encoder in the params "
                          "(`.../encoder/layer_<i>/...` or a scanned `.../encoder/layers/...`); "
                          "none was found")
 
@@ -191,7 +193,7 @@ def layer_decay_factors(decay: float, params: Any) -> Any:
 def _checked_layer_decay(decay) -> float:
     decay = float(decay)
     if not 0.0 < decay <= 1.0:
-        raise ValueError(f"config.optimizer.layer_decay={decay}; expected 0 < layer_decay <= 1 "
+        raise ConfigError(f"config.optimizer.layer_decay={decay}; expected 0 < layer_decay <= 1 "
                          "(1: off)")
     return decay
 
@@ -201,7 +203,7 @@ def check_optimizer(optimizer) -> None:
     (name, layer_decay) without building anything: fine-tuning calls it before it reads
     and tokenizes any data."""
     if optimizer.name not in OPTIMIZERS:
-        raise ValueError(f"config.optimizer.name={optimizer.name!r}; expected one of "
+        raise ConfigError(f"config.optimizer.name={optimizer.name!r}; expected one of "
                          f"{OPTIMIZERS}")
     _checked_layer_decay(optimizer.get("layer_decay", 1.0))
 

@@ -41,11 +41,18 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 )
 
 
+def _config_error(message: str) -> Exception:
+    # bert_jax.models imports this module: its ConfigError is imported when raised.
+    from bert_jax.models.config import ConfigError
+
+    return ConfigError(message)
+
+
 def check_axis_names(names: Sequence[str | None], where: str = "") -> None:
     """Raises if a logical name is outside the fixed vocabulary."""
     for name in names:
         if name is not None and name not in LOGICAL_AXES:
-            raise ValueError(
+            raise _config_error(
                 f"{where}: logical axis name {name!r} is not one of {LOGICAL_AXES}")
 
 
@@ -61,13 +68,14 @@ def rules_from_config(mesh_config=None) -> tuple:
     out = []
     for i, rule in enumerate(rules):
         if len(rule) != 2:
-            raise ValueError(f"config.mesh.rules[{i}]={rule!r}: expected (logical name, mesh axes)")
+            raise _config_error(
+                f"config.mesh.rules[{i}]={rule!r}: expected (logical name, mesh axes)")
         name, axes = rule
         check_axis_names([name], where=f"config.mesh.rules[{i}]")
         axes_t = (axes,) if isinstance(axes, str) else tuple(axes or ())
         for a in axes_t:
             if a not in MESH_AXES:
-                raise ValueError(
+                raise _config_error(
                     f"config.mesh.rules[{i}]: mesh axis {a!r} is not one of {MESH_AXES}")
         out.append((name, axes if isinstance(axes, str) or axes is None else tuple(axes)))
     return tuple(out)
@@ -79,9 +87,9 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
     sizes = [int(mesh_config.get(a, 1)) for a in MESH_AXES]
     fills = [a for a, s in zip(MESH_AXES, sizes) if s == -1]
     if len(fills) > 1:
-        raise ValueError(f"config.mesh: only one axis may be -1, got {fills}")
+        raise _config_error(f"config.mesh: only one axis may be -1, got {fills}")
     if any(s == 0 or s < -1 for s in sizes):
-        raise ValueError(f"config.mesh: sizes must be positive or -1, got "
+        raise _config_error(f"config.mesh: sizes must be positive or -1, got "
                          f"{dict(zip(MESH_AXES, sizes))}")
     known = 1
     for s in sizes:
@@ -89,12 +97,12 @@ def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
             known *= s
     if fills:
         if num_devices % known:
-            raise ValueError(
+            raise _config_error(
                 f"config.mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices are not "
                 f"divisible by the fixed axes' product {known}")
         sizes = [num_devices // known if s == -1 else s for s in sizes]
     elif known != num_devices:
-        raise ValueError(
+        raise _config_error(
             f"config.mesh {dict(zip(MESH_AXES, sizes))} needs {known} devices, "
             f"but there are {num_devices}")
     return tuple(sizes)

@@ -20,7 +20,9 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
+
+from bert_jax import cli  # noqa: E402
 
 from bert_jax.data.features import SPECIAL_TOKENS  # noqa: E402
 
@@ -126,4 +128,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    cli.run(main)

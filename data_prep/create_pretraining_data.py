@@ -28,6 +28,7 @@ if __package__ in (None, ""):  # run as a script: make `data_prep` and `bert_jax
 
 from absl import app, flags  # noqa: E402
 
+from bert_jax import cli  # noqa: E402
 from data_prep import instances as inst  # noqa: E402
 from data_prep import pipeline  # noqa: E402
 from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs,  # noqa: E402
@@ -130,4 +131,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    cli.run(main)

@@ -140,8 +140,14 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    import sys
+
+    if __package__ in (None, ""):  # run as a script: make `bert_jax` importable
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from bert_jax import cli
+
     flags.DEFINE_string("input", None, "Directory of raw .txt files (searched recursively).")
     flags.DEFINE_string("output", None, "Output text file in BERT's input format.")
     flags.DEFINE_integer("paragraphs_per_doc", 4, "Paragraphs per document for prose.")
     flags.mark_flags_as_required(["input", "output"])
-    app.run(main)
+    cli.run(main)

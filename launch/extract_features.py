@@ -10,7 +10,8 @@ token; .jsonl only, the original extract_features format), cls ([CLS] vector) or
 of encoder layers, -1 = last.
 
 Output: .npy <float32>[n, embed] (one layer) or [n, n_layers, embed]; or .jsonl, one
-object per line with "linex_index" (0-based line of the input) and the values.
+object per line with "linex_index" (0-based line of the input) and the values. A bad input
+ends in one line, `error: ...` (exit 2; --verbose adds the traceback).
 """
 
 import logging
@@ -18,7 +19,12 @@ import os
 import sys
 import time
 
-from absl import app, flags
+if __package__ in (None, ""):  # run as a script from a checkout: make bert_jax importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from absl import app, flags  # noqa: E402
+
+from bert_jax import cli  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Model directory (bert_config.json + params/), or a "
@@ -37,11 +43,7 @@ flags.DEFINE_integer("batch_size", 32, "Sentences per forward pass.")
 
 def main(argv):
     del argv
-    try:
-        run()
-    except (ValueError, FileNotFoundError) as e:
-        # Bad inputs (vocab, layers, output name, config) name the file: no traceback.
-        sys.exit(f"error: {e}")
+    run()
 
 
 def run():
@@ -83,4 +85,5 @@ def run():
 
 
 if __name__ == "__main__":
-    app.run(main)
+    # Bad inputs (vocab, layers, output name, config) name the file: one line.
+    cli.run(main, also=(ValueError, FileNotFoundError))

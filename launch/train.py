@@ -16,7 +16,8 @@ r"""Pre-train BERT: one command from a CPU to a TPU pod.
 The config is a plain Python file (configs/*.py) whose sections are documented in
 bert_jax/train/config.py; `--config.section.key=value` overrides, and an unknown key is an
 error. Restarting the same command resumes from WORKDIR/checkpoints. SIGTERM saves and
-exits 0.
+exits 0. A mistake in the config, the flags or the input files ends in one line, `error: ...`,
+and exit code 2 (a fault of the run's environment: 1); --verbose adds the traceback.
 
 Multi-host: on TPU VMs (every host runs this same command) `jax.distributed.initialize()`
 is called automatically; elsewhere pass --coordinator_address=host:port
@@ -36,6 +37,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from bert_jax import cli  # noqa: E402
+from bert_jax.train.config import check_config_flag, config_path  # noqa: E402
 
 FLAGS = flags.FLAGS
 config_flags.DEFINE_config_file("config", None, "Run config: configs/<name>.py[:arg]",
@@ -62,6 +66,9 @@ def main(argv):
         absl_logging.set_verbosity(absl_logging.WARNING)
     from bert_jax.train import runtime
 
+    # A --config file that does not exist parses (ml_collections defers the error to the
+    # first use of the config): name it now.
+    config_path(config_flags.get_config_filename(FLAGS["config"]), repo_fallback=False)
     runtime.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
                        FLAGS.process_id)
     task = FLAGS.config.get("task", None)
@@ -86,4 +93,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    # A file the config names that is not there (task files, init_checkpoint, vocabulary)
+    # is the user's mistake too: one line.
+    cli.run(main, diagnose=check_config_flag, also=(FileNotFoundError,))

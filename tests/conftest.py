@@ -6,11 +6,24 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pathlib  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GOLDENS = REPO / "tests" / "goldens"
+
+
+@pytest.fixture
+def own_tempdir(tmp_path, monkeypatch) -> pathlib.Path:
+    """The temp folder of this test alone: tempfile's functions (tempfile.tempdir) and child
+    processes (TMPDIR) use it, so a test can check that nothing was left in it without
+    seeing the files other processes write to the system's temp folder meanwhile."""
+    path = tmp_path / "tempdir"
+    path.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(path))
+    monkeypatch.setenv("TMPDIR", str(path))
+    return path
 
 
 @pytest.fixture(scope="session")

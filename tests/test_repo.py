@@ -36,6 +36,7 @@ def test_model_configs(name, layers, hidden):
 def test_load_config_is_locked_with_dotted_overrides(tmp_path, monkeypatch):
     """bert_jax.train.config.load_config: what `--config=FILE[:arg] --config.a.b=v` does on
     the command line, for notebooks and Python callers."""
+    from bert_jax.models.config import ConfigError
     from bert_jax.train.config import load_config
 
     monkeypatch.chdir(tmp_path)  # a path not under the working directory: the repository's
@@ -44,12 +45,18 @@ def test_load_config_is_locked_with_dotted_overrides(tmp_path, monkeypatch):
     assert (config.task.name, config.train.num_epochs) == ("sst2", 1.5)
     assert config.task.data_dir == "glue/SST-2"
     assert load_config("configs/bert_base.py:phase2").data.max_seq_length == 512
-    with pytest.raises(ValueError, match=r"^configs/bert_tiny.py: no config key 'train.stepz' "
-                                         r"to override; Did you mean \"steps\""):
+    with pytest.raises(ConfigError, match=r"^configs/bert_tiny.py: unknown config key "
+                                          r"'train.stepz' \(did you mean 'train.steps'\?\)$"):
         load_config("configs/bert_tiny.py", {"train.stepz": 3})
+    # The closest key: the same name in another section first, else the spelling.
+    with pytest.raises(ConfigError, match=r"'optimizer.lr' \(did you mean 'schedule.lr'\?\)"):
+        load_config("configs/bert_tiny.py", {"optimizer.lr": 3e-4})
+    with pytest.raises(ConfigError, match=r"'trian.steps' \(did you mean 'train.steps'\?\)"):
+        load_config("configs/bert_tiny.py", {"trian.steps": 3})
     with pytest.raises(TypeError, match="steps"):
         load_config("configs/bert_tiny.py", {"train.steps": "many"})
     with pytest.raises((AttributeError, KeyError), match="locked"):
         config.train.stepz = 3
-    with pytest.raises(FileNotFoundError, match="configs/nope.py"):
+    with pytest.raises(FileNotFoundError, match="configs/nope.py not found .* the configs are "
+                                                "configs/bert_base.py, configs/bert_large.py"):
         load_config("configs/nope.py")

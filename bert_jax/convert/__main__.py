@@ -15,7 +15,8 @@ and `launch/extract_features.py` take. `from-workdir` makes one from a run of
 launch/train.py (its latest checkpoint, or WORKDIR/checkpoints/<step>): the encoder and the
 heads it trained, without the optimizer state. `to-hf`, `to-tf` and `verify` take either a
 model directory or such a run. Every command checks names and shapes against the config
-before reading tensors, writes to a temporary name and renames at the end.
+before reading tensors, writes to a temporary name and renames at the end. A bad input ends
+in one line, `error: ...` (exit 2; --verbose adds the traceback).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import os
 import sys
 import time
 
+from bert_jax import cli
+from bert_jax.errors import UserError
+
 
 def _vocab_check(vocab_file, config, what):
     if not vocab_file:
@@ -33,14 +37,14 @@ def _vocab_check(vocab_file, config, what):
 
     n = load_tokenizer(vocab_file=vocab_file).vocab_size
     if n != config.vocab_size:
-        raise SystemExit(f"error: {vocab_file} has {n} tokens but {what} has vocab_size="
-                         f"{config.vocab_size}; refusing a vocabulary that does not match")
+        raise UserError(f"{vocab_file} has {n} tokens but {what} has vocab_size="
+                        f"{config.vocab_size}; refusing a vocabulary that does not match")
     return vocab_file
 
 
 def _refuse_existing(path):
     if os.path.exists(path):
-        raise SystemExit(f"error: {path} already exists; refusing to overwrite it")
+        raise UserError(f"{path} already exists; refusing to overwrite it")
 
 
 def cmd_from_tf(a):
@@ -131,7 +135,7 @@ def cmd_verify(a):
     try:
         diffs = verify.verify(a.checkpoint, a.reference, length=a.length)
     except (ImportError, RuntimeError) as e:  # reference side absent, or it failed
-        raise SystemExit(f"error: {e}")
+        raise UserError(str(e)) from e
     width = max(len(k) for k in diffs)
     for k, v in diffs.items():
         print(f"max |ours - reference| {k:<{width}} {v:.3e}")
@@ -152,23 +156,28 @@ def _count(params):
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m bert_jax.convert", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--verbose", action="store_true", help=cli.VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("from-tf", help="original TF1 checkpoint -> model directory")
+    s = sub.add_parser("from-tf", parents=[common],
+                       help="original TF1 checkpoint -> model directory")
     s.add_argument("--checkpoint", required=True, help="…/bert_model.ckpt (prefix) or its dir")
     s.add_argument("--config", help="bert_config.json (default: next to the checkpoint)")
     s.add_argument("--vocab_file", help="vocab.txt (default: next to the config, if there)")
     s.add_argument("--output", required=True, help="model directory to create")
     s.set_defaults(fn=cmd_from_tf)
 
-    s = sub.add_parser("from-hf", help="Hugging Face directory -> model directory")
+    s = sub.add_parser("from-hf", parents=[common],
+                       help="Hugging Face directory -> model directory")
     s.add_argument("--input", required=True, help="dir with config.json + model.safetensors "
                                                   "(or pytorch_model.bin)")
     s.add_argument("--vocab_file", help="vocab.txt (default: INPUT/vocab.txt, if there)")
     s.add_argument("--output", required=True, help="model directory to create")
     s.set_defaults(fn=cmd_from_hf)
 
-    s = sub.add_parser("from-workdir", help="a run of launch/train.py -> model directory")
+    s = sub.add_parser("from-workdir", parents=[common],
+                       help="a run of launch/train.py -> model directory")
     s.add_argument("--workdir", required=True,
                    help="WORKDIR (its latest checkpoint) or WORKDIR/checkpoints/<step>")
     s.add_argument("--vocab_file", help="vocab.txt (default: the run's data.vocab_file)")
@@ -178,12 +187,13 @@ def parser() -> argparse.ArgumentParser:
     checkpoint_help = "model directory, or a run's WORKDIR[/checkpoints/<step>]"
     for name, fn, what in (("to-hf", cmd_to_hf, "Hugging Face directory"),
                            ("to-tf", cmd_to_tf, "TF1 checkpoint with the original names")):
-        s = sub.add_parser(name, help=f"model directory (or run) -> {what}")
+        s = sub.add_parser(name, parents=[common], help=f"model directory (or run) -> {what}")
         s.add_argument("--checkpoint", required=True, help=checkpoint_help)
         s.add_argument("--output", required=True, help="directory to create")
         s.set_defaults(fn=fn)
 
-    s = sub.add_parser("verify", help="compare our outputs with a reference implementation")
+    s = sub.add_parser("verify", parents=[common],
+                       help="compare our outputs with a reference implementation")
     s.add_argument("--checkpoint", required=True, help=checkpoint_help)
     s.add_argument("--reference", required=True, help="hf:DIR or tf:CKPT")
     s.add_argument("--atol", type=float, default=1e-4, help="largest allowed difference")
@@ -195,12 +205,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv=None):
     args = parser().parse_args(argv)
     start = time.time()
-    try:
+    # Conversion, config and vocabulary errors name the file and the key: one line each.
+    with cli.reported(args.verbose, also=(ValueError, FileNotFoundError, FileExistsError,
+                                          ImportError)):
         args.fn(args)
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
-        # Conversion, config and vocabulary errors name the file and the key: show them
-        # without a traceback.
-        raise SystemExit(f"error: {e}")
     print(f"done in {time.time() - start:.1f} s")
 
 

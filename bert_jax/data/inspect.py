@@ -27,6 +27,8 @@ from typing import Any, Sequence
 import numpy as np
 from absl import app, flags
 
+from bert_jax import cli
+
 from bert_jax.data import checks
 from bert_jax.data import features as features_lib
 
@@ -263,4 +265,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main, also=(FileNotFoundError,))  # an input glob that matches nothing

@@ -210,12 +210,36 @@ def read_glue(task: str, split: str, data_dir: Optional[str] = None,
 _TFDS_LABEL_BY_NAME = ("mnli", "qnli", "rte", "ax")
 
 
+def tfds_builder(name: str, data_dir: Optional[str], remedy: str):
+    """tfds.builder(name), its data downloaded and prepared first when it is not there yet
+    (as tfds.load does); a failed download is a DataError naming `remedy` (where to get
+    the files and which flag to set), not tfds' own advice."""
+    import tensorflow_datasets as tfds
+
+    builder = tfds.builder(name, data_dir=data_dir)
+    if not builder.is_prepared():
+        try:
+            builder.download_and_prepare()
+        except Exception as e:  # noqa: BLE001  no network, no access, a missing extra, ...
+            why = " ".join(str(e).split())[:200]
+            raise DataError(f"tfds {name} is not in {builder.data_dir} and downloading it "
+                            f"failed ({type(e).__name__}: {why}); {remedy}") from e
+    return builder
+
+
+def _glue_remedy(task: str) -> str:
+    folder = GLUE_FORMATS[task].dir_name
+    return (f"download the GLUE data (https://gluebenchmark.com/tasks) and pass "
+            f"--config.task.data_dir=glue_data/{folder} (its .tsv files), or "
+            f"--config.task.tfds_data_dir=DIR holding a prepared tfds glue/{task}")
+
+
 def _read_glue_tfds(task, split, tfds_data_dir, labeled) -> list[PairExample]:
     import tensorflow_datasets as tfds
 
     fmt = GLUE_FORMATS[task]
     tfds_name = {"sst2": "sst2", "stsb": "stsb"}.get(task, task)
-    builder = tfds.builder(f"glue/{tfds_name}", data_dir=tfds_data_dir)
+    builder = tfds_builder(f"glue/{tfds_name}", tfds_data_dir, _glue_remedy(task))
     label_feature = builder.info.features["label"]
     ds = builder.as_dataset(split=TFDS_GLUE_SPLITS[split])
     a, b = fmt.tfds_text
@@ -292,8 +316,13 @@ def read_squad_json(path: str) -> tuple[list[SquadExample], list[dict]]:
 def read_squad_tfds(version: str, split: str, tfds_data_dir=None) -> tuple[list, list]:
     import tensorflow_datasets as tfds
 
-    ds = tfds.load(f"squad/v{version}", split={"train": "train", "dev": "validation"}[split],
-                   data_dir=tfds_data_dir)
+    builder = tfds_builder(
+        f"squad/v{version}", tfds_data_dir,
+        f"download train-v{version}.json and dev-v{version}.json "
+        f"(https://rajpurkar.github.io/SQuAD-explorer/) and pass --config.task.train_file and "
+        f"--config.task.predict_file, or --config.task.tfds_data_dir=DIR holding a prepared "
+        f"tfds squad/v{version}")
+    ds = builder.as_dataset(split={"train": "train", "dev": "validation"}[split])
     data = []
     for ex in tfds.as_numpy(ds):
         texts = [t.decode("utf-8") for t in ex["answers"]["text"]]
@@ -350,7 +379,11 @@ def read_conll(path: str, tag_column: int = -1) -> list[NerExample]:
 def read_conll_tfds(split: str, tfds_data_dir=None) -> list[NerExample]:
     import tensorflow_datasets as tfds
 
-    builder = tfds.builder("conll2003", data_dir=tfds_data_dir)
+    builder = tfds_builder(
+        "conll2003", tfds_data_dir,
+        "pass the CoNLL-2003 files as --config.task.train_file=eng.train "
+        "--config.task.dev_file=eng.testa (--config.task.test_file=eng.testb), or "
+        "--config.task.tfds_data_dir=DIR holding a prepared tfds conll2003")
     names = builder.info.features["ner"].feature.names
     ds = builder.as_dataset(split={"train": "train", "dev": "dev", "test": "test"}[split])
     out = []
@@ -467,7 +500,12 @@ def read_hellaswag_tfds(split: str, tfds_data_dir=None) -> list[ChoiceExample]:
     import tensorflow_datasets as tfds
 
     tfds_split = {"train": "train", "dev": "validation", "test": "test"}[split]
-    ds = tfds.builder("hellaswag", data_dir=tfds_data_dir).as_dataset(split=tfds_split)
+    ds = tfds_builder(
+        "hellaswag", tfds_data_dir,
+        "download hellaswag_train.jsonl and hellaswag_val.jsonl "
+        "(https://github.com/rowanz/hellaswag/tree/master/data) and pass "
+        "--config.task.train_file and --config.task.dev_file, or --config.task.tfds_data_dir="
+        "DIR holding a prepared tfds hellaswag").as_dataset(split=tfds_split)
     out = []
     for i, ex in enumerate(tfds.as_numpy(ds)):
         ends = tuple(e.decode("utf-8") for e in ex["endings"])

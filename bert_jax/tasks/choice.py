@@ -27,6 +27,7 @@ from bert_jax.data import task_readers as readers
 from bert_jax.data.task_readers import ChoiceExample, DataError
 from bert_jax.data.tasks_input import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForMultipleChoice
+from bert_jax.models.config import ConfigError
 from bert_jax.tasks import metrics
 from bert_jax.tasks.base import EvalSet
 from bert_jax.tasks.classification import _encode_all, assemble_pair, classification_loss
@@ -86,7 +87,7 @@ class ChoiceTask:
                  test_file: str = "", max_seq_length: int = 128, tfds_data_dir=None,
                  cache_dir: str = "", vocab_file: str = ""):
         if name not in CHOICE_FORMATS:
-            raise ValueError(f"unknown multiple-choice task {name!r}; expected one of "
+            raise ConfigError(f"unknown multiple-choice task {name!r}; expected one of "
                              f"{list(CHOICE_FORMATS)}")
         self.files = {"train": train_file, "dev": dev_file, "test": test_file}
         self.name, self.max_seq_length = name, max_seq_length
@@ -104,7 +105,7 @@ class ChoiceTask:
         path = self.files[split]
         if not path:
             if self.name != "hellaswag" or any(self.files.values()):
-                raise ValueError(f"multiple-choice task {self.name!r} reads files: set "
+                raise ConfigError(f"multiple-choice task {self.name!r} reads files: set "
                                  f"task.{split}_file"
                                  + (" (tfds has no SWAG)" if self.name == "swag" else ""))
             return f"tfds hellaswag:{split}"

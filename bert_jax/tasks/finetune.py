@@ -40,6 +40,7 @@ from etils import epath
 
 from bert_jax import optim, paths
 from bert_jax.data.tasks_input import num_rows
+from bert_jax.models.config import ConfigError
 from bert_jax.tasks import metrics as metrics_lib
 from bert_jax.tasks.finetune_run import MeshSetup, train_and_evaluate
 from bert_jax.tasks.init_checkpoint import InitSource, check_encoder, open_init_checkpoint
@@ -78,7 +79,7 @@ def _check_model_config(config, source: Optional[InitSource], used) -> None:
     otherwise be dropped without a word: a `config.model` key set away from its default to a
     value the run does not use (beside a checkpoint, or under an override), or a layout
     override that a pre-training workdir (restored shard by shard as saved) cannot honour."""
-    from bert_jax.models.config import BertConfig, ConfigError
+    from bert_jax.models.config import BertConfig
 
     where = (f"train.init_checkpoint={config.train.init_checkpoint}" if source is not None
              else "config.model")
@@ -123,7 +124,7 @@ def finished_runs(workdir: str, plan: list[tuple[float, int]]) -> list[dict]:
             i = int(record["run"])
             if i != len(done) or i >= len(plan) or (
                     float(record["lr"]), int(record["seed"])) != (float(plan[i][0]), plan[i][1]):
-                raise ValueError(
+                raise ConfigError(
                     f"{path}: line {n}: run {i} (lr {record['lr']}, seed {record['seed']}) is "
                     f"not run {len(done)} of this config's sweep {plan}; use a new workdir")
             results: dict = {}
@@ -146,13 +147,21 @@ def run(config, workdir: str, progress: bool = True,
     workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
     optim.check_optimizer(config.optimizer)  # before any data is read
     is_main = jax.process_index() == 0
-    paths.makedirs(workdir)
     bert_config, source, vocab = model_and_init(config)
     vocab = config.tokenizer.vocab_file or vocab
+    if not vocab and not config.train.init_checkpoint:
+        raise ConfigError(
+            "no train.init_checkpoint given: fine-tuning starts from a pretrained encoder; "
+            "pass --config.train.init_checkpoint=<model dir | Hugging Face dir | pre-training "
+            "WORKDIR> (python -m bert_jax.convert from-tf|from-hf|from-workdir makes a model "
+            "dir), or --config.tokenizer.vocab_file=vocab.txt to train config.model from "
+            "scratch")
     if not vocab:
-        raise ValueError("no vocabulary: set tokenizer.vocab_file (the checkpoint has none)")
+        raise ConfigError(f"train.init_checkpoint={config.train.init_checkpoint} has no "
+                          f"vocabulary (vocab.txt): set --config.tokenizer.vocab_file")
     tokenizer = load_tokenizer(vocab_file=vocab, do_lower_case=config.tokenizer.do_lower_case)
     task = task_from_config(config, vocab_file=vocab)
+    paths.makedirs(workdir)  # once the checkpoint, vocabulary and task are known to be there
     if not config.train.do_train:  # predict with a fine-tuned model: no training data read
         from bert_jax.tasks.predict import predict
 
@@ -163,7 +172,7 @@ def run(config, workdir: str, progress: bool = True,
                  {e.name: num_rows(e.features) for e in eval_sets})
     labeled = [e.name for e in eval_sets if e.labeled]
     if not labeled:
-        raise ValueError("no labelled eval set to pick the best run on (dev data missing?)")
+        raise ConfigError("no labelled eval set to pick the best run on (dev data missing?)")
     main_set = labeled[0]
     setup = MeshSetup.from_config(config, task, bert_config,
                                   int(train_features["input_ids"].shape[-1]))
@@ -304,10 +313,13 @@ def main(argv: Any) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file("config", None, "fine-tuning config file", lock_config=True)
     flags.DEFINE_string("workdir", None, "output directory")
     flags.mark_flags_as_required(["config", "workdir"])
-    app.run(main)
+    from bert_jax import cli
+    from bert_jax.train.config import check_config_flag
+
+    cli.run(main, diagnose=check_config_flag, also=(FileNotFoundError,))

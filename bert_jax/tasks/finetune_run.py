@@ -42,6 +42,7 @@ from bert_jax import sharding as sharding_lib
 from bert_jax.data import device as data_device
 from bert_jax.data.state import pack_meta
 from bert_jax.data.tasks_input import eval_batches, train_batches
+from bert_jax.models.config import ConfigError
 from bert_jax.tasks.base import collect, model_inputs
 from bert_jax.train import state as state_lib
 from bert_jax.train.runtime import Preemption
@@ -149,10 +150,10 @@ class MeshSetup:
         shards = int(np.prod([mesh.shape[a] for a in data_device.batch_mesh_axes(mesh, rules)]))
         accum = int(config.train.accum_steps)
         if accum < 1:
-            raise ValueError(f"config.train.accum_steps={accum}: expected a positive number "
+            raise ConfigError(f"config.train.accum_steps={accum}: expected a positive number "
                              f"of micro-batches per step")
         if int(config.train.batch_size) % accum:
-            raise ValueError(f"config.train.batch_size={int(config.train.batch_size)} is not "
+            raise ConfigError(f"config.train.batch_size={int(config.train.batch_size)} is not "
                              f"divisible by config.train.accum_steps={accum}")
         sizes = {"batch_size": int(config.train.batch_size) // accum,
                  "eval_batch_size": int(config.train.eval_batch_size)}
@@ -161,10 +162,10 @@ class MeshSetup:
                 what = (f"config.train.{key}={size}" if key == "eval_batch_size" or accum == 1
                         else f"the micro-batch size {size} (config.train.batch_size / "
                              f"accum_steps={accum})")
-                raise ValueError(f"{what} is not divisible by the {shards} batch shards of "
+                raise ConfigError(f"{what} is not divisible by the {shards} batch shards of "
                                  f"mesh {dict(mesh.shape)}")
         if seq_len > bert_config.max_position_embeddings:
-            raise ValueError(f"task.max_seq_length={seq_len} exceeds the model's "
+            raise ConfigError(f"task.max_seq_length={seq_len} exceeds the model's "
                              f"max_position_embeddings={bert_config.max_position_embeddings}")
         return cls(task, bert_config, task.model(bert_config), mesh, rules, batch_sharding,
                    sharding_lib.replicated(mesh), seq_len)
@@ -282,7 +283,7 @@ def train_and_evaluate(setup: MeshSetup, steps: Steps, init_source, train_featur
             saved_key = np.asarray(jax.device_get(jax.random.key_data(rng)))
             if not np.array_equal(saved_key, np.asarray(jax.random.key_data(
                     jax.random.key(seed)))):
-                raise ValueError(f"{out_dir}/checkpoints: saved by a run with another seed "
+                raise ConfigError(f"{out_dir}/checkpoints: saved by a run with another seed "
                                  f"than {seed} (another sweep?); use a new workdir")
             if is_main:
                 for bad, reason, moved in checkpointer.skipped:

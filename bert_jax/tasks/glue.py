@@ -27,6 +27,7 @@ from bert_jax import paths
 from bert_jax.data import task_readers as readers
 from bert_jax.data.tasks_input import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForSequenceClassification
+from bert_jax.models.config import ConfigError
 from bert_jax.tasks import classification, metrics
 from bert_jax.tasks.base import EvalSet
 
@@ -68,9 +69,9 @@ class GlueTask:
                  cache_dir: str = "", eval_test: bool = False, vocab_file: str = "",
                  dev_split: str = ""):
         if name not in GLUE_TASKS:
-            raise ValueError(f"unknown GLUE task {name!r}; expected one of {sorted(GLUE_TASKS)}")
+            raise ConfigError(f"unknown GLUE task {name!r}; expected one of {sorted(GLUE_TASKS)}")
         if name == "tsv" and not data_dir:
-            raise ValueError("task 'tsv' reads your own TSV files: set task.data_dir")
+            raise ConfigError("task 'tsv' reads your own TSV files: set task.data_dir")
         self.name = name
         self.spec = GLUE_TASKS[name]
         if name == "tsv" and regression:

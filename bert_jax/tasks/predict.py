@@ -23,6 +23,7 @@ from typing import Any, Optional
 
 import jax
 
+from bert_jax.models.config import ConfigError
 from bert_jax.models.params import stack_layers
 from bert_jax.tasks.init_checkpoint import InitSource, _flat_shapes, place_numpy
 
@@ -38,12 +39,12 @@ def require_task_checkpoint(source: Optional[InitSource], task_name: str,
                             random_init: bool = False) -> None:
     """A checkpoint that may hold a task head: not none, not a pre-training run."""
     if source is None:
-        raise ValueError(
+        raise ConfigError(
             "train.do_train=False predicts with a fine-tuned model: set train.init_checkpoint "
             "to it (e.g. a fine-tuning run's best_model/)"
             + (", and drop train.random_init" if random_init else ""))
     if source.kind == "workdir":
-        raise ValueError(
+        raise ConfigError(
             f"train.init_checkpoint={source.path} is a pre-training run: it has no {task_name} "
             f"head to predict with (train.do_train=False); fine-tune it first and pass that "
             f"run's best_model/")
@@ -60,17 +61,17 @@ def check_task_params(source: InitSource, abstract_params: Any, bert_config,
     heads = sorted({k.split("/")[0] for k in want} - {"bert"})
     for head in heads:
         if not any(k.split("/")[0] == head for k in got):
-            raise ValueError(
+            raise ConfigError(
                 f"train.init_checkpoint={source.path} has no {head!r} head (it holds "
                 f"{sorted(source.params)}), which {task_name} predicts with "
                 f"(train.do_train=False): pass a model fine-tuned on this task, e.g. a "
                 f"fine-tuning run's best_model/")
     for key, shape in sorted(want.items()):
         if key not in got:
-            raise ValueError(f"train.init_checkpoint={source.path}: tensor {key} missing "
+            raise ConfigError(f"train.init_checkpoint={source.path}: tensor {key} missing "
                              f"(the model expects shape {tuple(shape)})")
         if tuple(got[key]) != tuple(shape):
-            raise ValueError(
+            raise ConfigError(
                 f"train.init_checkpoint={source.path}: {key} has shape {tuple(got[key])} in "
                 f"the checkpoint, the {task_name} model expects {tuple(shape)}"
                 + (" (another number of labels?)" if key.split("/")[0] != "bert" else ""))
@@ -91,7 +92,7 @@ def predict(config, workdir: str, task, tokenizer, bert_config, source) -> dict:
     check_task_params(source, steps.abstract.params, bert_config, task_name)
     eval_sets = task.eval_sets(tokenizer)
     if not eval_sets:
-        raise ValueError("train.do_train=False: the task has no eval set to predict")
+        raise ConfigError("train.do_train=False: the task has no eval set to predict")
     params = place_numpy(_numpy_params(source, bert_config.scan_layers,
                                        bert_config.num_hidden_layers),
                          steps.abstract.params, steps.shardings.params)

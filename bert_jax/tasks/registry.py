@@ -35,7 +35,7 @@ from __future__ import annotations
 import ml_collections
 from ml_collections.config_dict import placeholder
 
-from bert_jax.models.config import model_config
+from bert_jax.models.config import ConfigError, model_config
 from bert_jax.train.config import checkpoint_config, mesh_config, optimizer_config
 
 
@@ -92,4 +92,4 @@ def task_from_config(config, vocab_file: str = ""):
 
         return ChoiceTask(t.name, t.train_file, t.dev_file, t.test_file, t.max_seq_length,
                           **common)
-    raise ValueError(f"config.task.kind={t.kind!r}; expected glue, squad, ner or choice")
+    raise ConfigError(f"config.task.kind={t.kind!r}; expected glue, squad, ner or choice")

@@ -17,6 +17,7 @@ import optax
 from bert_jax.data import task_readers as readers
 from bert_jax.data.tasks_input import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForQuestionAnswering
+from bert_jax.models.config import ConfigError
 from bert_jax.tasks import squad_features, squad_metrics, squad_postprocess
 from bert_jax.tasks.base import EvalSet
 
@@ -43,7 +44,7 @@ class SquadTask:
                  null_score_diff_threshold: float = 0.0, tfds_data_dir=None,
                  cache_dir: str = "", vocab_file: str = ""):
         if version not in ("1.1", "2.0"):
-            raise ValueError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
+            raise ConfigError(f"SQuAD version must be '1.1' or '2.0', got {version!r}")
         self.version, self.version_2 = version, version == "2.0"
         self.train_file, self.predict_file = train_file, predict_file
         self.max_seq_length, self.doc_stride = max_seq_length, doc_stride

@@ -19,12 +19,16 @@ same: the file's get_config(arg), locked, with dotted overrides.
 
 from __future__ import annotations
 
+import difflib
+import glob
 import importlib.util
 import os
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import ml_collections
 
+from bert_jax.errors import UserError
+from bert_jax.models.config import ConfigError
 from bert_jax.sharding import DEFAULT_RULES
 
 
@@ -121,19 +125,65 @@ PAPER_TOTAL_STEPS = 1_000_000
 PAPER_PHASE1_STEPS = 900_000
 
 
+class ConfigFileError(UserError, FileNotFoundError):
+    """`--config=FILE` (or load_config's spec) names no file."""
+
+
+def config_path(spec: str, repo_fallback: bool) -> str:
+    """The file of "configs/<name>.py[:arg]" (relative to the working directory, or with
+    `repo_fallback` to this repository); ConfigFileError listing the configs if none."""
+    path = spec.partition(":")[0]
+    if os.path.isfile(path):
+        return path
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if repo_fallback and os.path.isfile(os.path.join(repo, path)):
+        return os.path.join(repo, path)
+    known = sorted(glob.glob(os.path.join(repo, "configs", "*.py")))
+    raise ConfigFileError(
+        f"config file {path} not found (in {os.getcwd()}"
+        + (f" nor under {repo}" if repo_fallback else "") + "); the configs are "
+        + ", ".join(os.path.relpath(k, repo) for k in known))
+
+
+def config_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str]:
+    """Every dotted key of `config`, sections and leaves ("train", "train.steps", ...)."""
+    keys = []
+    for name, value in config.items():
+        keys.append(prefix + name)
+        if isinstance(value, ml_collections.ConfigDict):
+            keys += config_keys(value, f"{prefix}{name}.")
+    return keys
+
+
+def check_key(config: ml_collections.ConfigDict, key: str, spec: str) -> None:
+    """ConfigError naming `key` and the closest existing key unless `config` has `key`."""
+    node = config
+    for part in key.split("."):
+        if "[" in part:  # an indexed field (ml_collections parses those itself)
+            return
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            break
+        node = node[part]
+    else:
+        return
+    keys = config_keys(config)
+    # The same name in another section first (optimizer.lr -> schedule.lr), then spelling.
+    same_name = [k for k in keys if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
+    close = (difflib.get_close_matches(key, same_name, n=1, cutoff=0.0) if same_name
+             else difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
+    hint = (f"did you mean {close[0]!r}?" if close else
+            f"the sections are {', '.join(sorted(config.keys()))}")
+    raise ConfigError(f"{spec}: unknown config key {key!r} ({hint})")
+
+
 def load_config(spec: str, overrides: Optional[Mapping[str, Any]] = None
                 ) -> ml_collections.ConfigDict:
     """`spec` = "configs/<name>.py[:arg]" (relative to the working directory, else to this
     repository) -> its get_config(arg), locked as launch/train.py locks it, with `overrides`
-    ({"train.steps": 100, ...}) applied. An unknown key is a ValueError naming the file and
-    the key (and the likely one meant), as `--config.<key>` is on the command line."""
-    path, _, arg = spec.partition(":")
-    if not os.path.isfile(path):
-        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        if os.path.isfile(os.path.join(repo, path)):
-            path = os.path.join(repo, path)
-        else:
-            raise FileNotFoundError(f"config file {path} not found (nor under {repo})")
+    ({"train.steps": 100, ...}) applied. An unknown key is a ConfigError naming the file,
+    the key and the closest existing key, as `--config.<key>` is on the command line."""
+    path = config_path(spec, repo_fallback=True)
+    arg = spec.partition(":")[2]
     module_spec = importlib.util.spec_from_file_location(
         "bert_jax_config_" + os.path.basename(path)[:-3], path)
     module = importlib.util.module_from_spec(module_spec)
@@ -141,13 +191,31 @@ def load_config(spec: str, overrides: Optional[Mapping[str, Any]] = None
     config = module.get_config(arg) if arg else module.get_config()
     config.lock()
     for key, value in (overrides or {}).items():
-        try:
-            config.update_from_flattened_dict({key: value})
-        except (KeyError, AttributeError) as e:
-            hint = str(e.args[0] if e.args else e).strip("'\"").splitlines()[-1]
-            hint = f"; {hint}" if hint.startswith("Did you mean") else ""
-            raise ValueError(f"{spec}: no config key {key!r} to override{hint}") from None
+        check_key(config, key, spec)
+        config.update_from_flattened_dict({key: value})
     return config
+
+
+def check_config_flag(argv: Sequence[str], name: str = "config") -> None:
+    """What launch/train.py's `--config=FILE[:arg] --config.a.b=v` flags get wrong, as one
+    ConfigError (bert_jax.cli runs this when flag parsing fails): the file missing, or an
+    override key that the config does not have (with the closest one)."""
+    spec, keys = None, []
+    for arg in argv[1:]:
+        if arg == "--":
+            break
+        if arg.startswith(f"--{name}="):
+            spec = arg.split("=", 1)[1]
+        elif arg.startswith(f"--{name}."):
+            keys.append(arg[len(name) + 3:].split("=", 1)[0])
+    if spec is None:
+        return
+    config_path(spec, repo_fallback=False)  # ml_collections looks in the working directory
+    if not keys:
+        return
+    config = load_config(spec)
+    for key in keys:
+        check_key(config, key, spec)
 
 
 def paper_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,

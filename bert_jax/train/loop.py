@@ -38,6 +38,7 @@ from bert_jax.train import warm_start
 from bert_jax.train.runtime import Preemption as _Preemption
 from bert_jax.train.config import checkpoint_every, total_steps
 from bert_jax.errors import FaultError, ReportedError
+from bert_jax.models.config import ConfigError
 
 
 
@@ -116,20 +117,20 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
     seq_len = int(config.data.max_seq_length)
     max_pred = int(config.data.max_predictions_per_seq)
     if batch_size % accum:
-        raise ValueError(f"config.data.batch_size={batch_size} is not divisible by "
+        raise ConfigError(f"config.data.batch_size={batch_size} is not divisible by "
                          f"config.train.accum_steps={accum}")
     mesh = sharding_lib.make_mesh(config.mesh)
     rules = sharding_lib.rules_from_config(config.mesh)
     data_shards = mesh.shape["data"] * mesh.shape["fsdp"]
     if (batch_size // accum) % data_shards:
-        raise ValueError(
+        raise ConfigError(
             f"micro-batch size {batch_size // accum} (config.data.batch_size / "
             f"train.accum_steps) is not divisible by the {data_shards} data x fsdp shards "
             f"of mesh {dict(mesh.shape)}")
     model = state_lib.create_model(config)
     model_cfg = state_lib.model_config(config)
     if seq_len > model_cfg.max_position_embeddings:
-        raise ValueError(f"config.data.max_seq_length={seq_len} exceeds "
+        raise ConfigError(f"config.data.max_seq_length={seq_len} exceeds "
                          f"config.model.max_position_embeddings="
                          f"{model_cfg.max_position_embeddings}")
     # The attention path each step will take on these devices (an explicit choice that
@@ -229,6 +230,10 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
 
     def run_eval(step: int) -> dict:
         check_finite()
+        if step == start:  # nothing trained since the restart: a finished run, run again
+            done, scalars = metrics_lib.recorded(workdir, step, "eval/")
+            if done:
+                return scalars
         try:
             eval_batches = make_eval_data(config, workdir)
             if eval_batches is None:

@@ -179,3 +179,21 @@ def format_summary(scalars: Mapping[str, float], keys=None) -> str:
 def read_jsonl(path: str) -> list[dict]:
     with epath.Path(path).open("r", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def recorded(workdir: str, step: int, prefix: str = "eval/") -> tuple[bool, dict]:
+    """(whether WORKDIR/metrics.jsonl already holds `prefix`* scalars for `step`, those
+    scalars): a finished run started again reports its final evaluation instead of running
+    it and appending it twice. Process 0 reads the file and every process gets its answer
+    (the evaluation it decides about is collective); the scalars only on process 0."""
+    found: dict = {}
+    path = paths.join(workdir, "metrics.jsonl")
+    if jax.process_index() == 0 and paths.is_file(path):
+        for record in read_jsonl(path):
+            if record.get("step") == step and any(k.startswith(prefix) for k in record):
+                found = {k: v for k, v in record.items() if k.startswith(prefix)}
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        return bool(int(multihost_utils.broadcast_one_to_all(np.int32(bool(found))))), found
+    return bool(found), found

@@ -30,13 +30,15 @@ def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
     so a multi-process CPU run works on one machine (the tests use it)."""
     import jax
 
+    from bert_jax.models.config import ConfigError
+
     if mode not in ("auto", "on", "off"):
-        raise ValueError(f"distributed mode {mode!r}; expected auto, on or off")
+        raise ConfigError(f"distributed mode {mode!r}; expected auto, on or off")
     wanted = mode == "on" or (mode == "auto" and bool(coordinator_address or on_tpu_vm()))
     if not wanted:
         return False
     if coordinator_address and (num_processes is None or process_id is None):
-        raise ValueError("--coordinator_address needs --num_processes and --process_id")
+        raise ConfigError("--coordinator_address needs --num_processes and --process_id")
     kwargs = {}
     if coordinator_address:
         kwargs = dict(coordinator_address=coordinator_address, num_processes=num_processes,

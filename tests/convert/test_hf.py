@@ -95,12 +95,11 @@ def test_heads_come_along_and_round_trip(tiny, tmp_path):
         assert json.load(f)["architectures"] == ["BertForPreTraining"]
 
 
-def test_exports_to_a_bucket_equal_local_exports(tiny, tmp_path, monkeypatch):
+def test_exports_to_a_bucket_equal_local_exports(tiny, tmp_path, monkeypatch, own_tempdir):
     """to-hf and to-tf with a gs:// --output (the fake bucket of tests/test_paths.py): staged
     in a local folder and uploaded, byte for byte the local exports; no ./gs:/ folder, no
-    staging left behind, and an existing output is refused."""
-    import tempfile
-
+    staging left behind (in this test's own temp folder: other processes write to the
+    system's meanwhile), and an existing output is refused."""
     from tests.test_paths import fake_gcs
 
     hf_cfg, state, _ = tiny
@@ -109,7 +108,6 @@ def test_exports_to_a_bucket_equal_local_exports(tiny, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # a URI taken for a local path would land here
     root = tmp_path / "bucket_root"
     root.mkdir()
-    staged = set(os.listdir(tempfile.gettempdir()))
     for command in ("to-hf", "to-tf"):
         main([command, f"--checkpoint={tmp_path / 'm'}", f"--output={tmp_path / command}"])
         with fake_gcs(str(root)):
@@ -126,7 +124,7 @@ def test_exports_to_a_bucket_equal_local_exports(tiny, tmp_path, monkeypatch):
                 tmp_path / command / rel).read_bytes(), rel
     assert sorted(os.listdir(root / "b")) == ["to-hf", "to-tf"]  # no .tmp left
     assert not (tmp_path / "gs:").exists()
-    assert set(os.listdir(tempfile.gettempdir())) - staged == set()
+    assert os.listdir(own_tempdir) == []
 
 
 def test_errors_name_the_tensor_and_both_shapes(tiny, tmp_path):

@@ -231,13 +231,11 @@ def test_masked_positions_are_uniform_over_candidates(sample_run, tok):
     assert np.abs(rate[seen] - 19 / 125).max() < 5 * sd * np.sqrt(2), rate[seen]
 
 
-def test_corpus_and_shards_in_a_bucket(tmp_path, monkeypatch):
+def test_corpus_and_shards_in_a_bucket(tmp_path, monkeypatch, own_tempdir):
     """gs:// inputs (a glob) and outputs, as google-research/bert's tool took them: read and
     written through etils.epath (faked here onto a local folder, tests/test_paths.py), the
-    same bytes as a local run, no local ./gs:/ folder and no staging files left. A run that
-    fails uploads nothing."""
-    import tempfile
-
+    same bytes as a local run, no local ./gs:/ folder and no staging files left (in this
+    test's own temp folder). A run that fails uploads nothing."""
     from data_prep.paths import resolve_inputs, resolve_outputs
     from tests.test_paths import fake_gcs
 
@@ -248,7 +246,6 @@ def test_corpus_and_shards_in_a_bucket(tmp_path, monkeypatch):
         shutil.copy(p, root / "b" / "corpus")
     local = [tmp_path / f"local-{i}" for i in range(2)]
     run_tool(SAMPLE, local, chunk_chars=200_000, num_workers=2)
-    staged = set(os.listdir(tempfile.gettempdir()))
     with fake_gcs(str(root)):
         inputs = resolve_inputs("gs://b/corpus/*.txt")
         assert inputs == [f"gs://b/corpus/{os.path.basename(p)}" for p in SAMPLE]
@@ -269,4 +266,4 @@ def test_corpus_and_shards_in_a_bucket(tmp_path, monkeypatch):
             local[i].read_bytes()
     assert not (root / "b" / "failed").exists() or not list((root / "b" / "failed").iterdir())
     assert not (tmp_path / "gs:").exists()
-    assert set(os.listdir(tempfile.gettempdir())) - staged == set()
+    assert os.listdir(own_tempdir) == []

@@ -26,7 +26,8 @@ def _dataset(features, rows):
 @pytest.fixture
 def fake_tfds(monkeypatch, tmp_path):
     """fake_tfds(name, {tfds split: rows}): tfds.builder(name) / tfds.load(name, split=...)
-    serve `rows` through the real builder's features; records the calls."""
+    serve `rows` through the real builder's features, as prepared data (nothing to
+    download); records the calls."""
     real_builder = tfds.builder
     served, calls = {}, []
 
@@ -39,6 +40,7 @@ def fake_tfds(monkeypatch, tmp_path):
             return _dataset(b.info.features, served[name][split])
 
         b.as_dataset = as_dataset
+        b.is_prepared = lambda: True
         return b
 
     def load(name, split, data_dir=None, **kwargs):
@@ -112,7 +114,8 @@ def test_squad_v1_and_v2(fake_tfds):
     examples, data = readers.read_squad_tfds("1.1", "dev", tfds_data_dir="/d")
     assert examples == [SquadExample("q1", "Who loves Juliet?", context,
                                      (("Romeo", 0), ("Romeo", 33)), False, "Verona")]
-    assert ("load", "squad/v1.1", "validation", "/d") in calls
+    assert ("builder", "squad/v1.1", "/d") in calls
+    assert ("as_dataset", "squad/v1.1", "validation") in calls
     assert data[0]["paragraphs"][0]["qas"][0]["answers"] == [
         {"text": "Romeo", "answer_start": 0}, {"text": "Romeo", "answer_start": 33}]
     examples, _ = readers.read_squad_tfds("2.0", "train")
@@ -159,3 +162,51 @@ def test_hellaswag_splits_and_hidden_test_labels(fake_tfds):
     # configs/swag.py:hellaswag without files reads tfds (no file needed).
     task = ChoiceTask("hellaswag", tfds_data_dir="/t")
     assert task.read("dev")[0].endings[0] == "starts pulling up roofing."
+
+
+@pytest.fixture
+def offline_tfds(monkeypatch, tmp_path):
+    """tfds.builder(name) is the real builder over an empty data_dir (nothing prepared),
+    and its download fails as it does without a network; records the calls."""
+    real_builder = tfds.builder
+    calls = []
+
+    def builder(name, data_dir=None, **kwargs):
+        b = real_builder(name, data_dir=str(tmp_path / "tfds"))
+        calls.append(("builder", name, data_dir))
+
+        def download_and_prepare(*args, **kw):
+            calls.append(("download_and_prepare", name))
+            raise ConnectionError("Failed to establish a new connection: [Errno -3] "
+                                  "Temporary failure in name resolution")
+
+        b.download_and_prepare = download_and_prepare
+        return b
+
+    monkeypatch.setattr(tfds, "builder", builder)
+    return calls
+
+
+def test_glue_without_data_dir_downloads_then_says_what_to_set(offline_tfds):
+    """No task.data_dir: the data is downloaded through tfds when missing (as users with a
+    network expect); when that fails, one line says where to get the files and which flag
+    to set, not tfds' own advice."""
+    with pytest.raises(readers.DataError) as e:
+        readers.read_glue("mrpc", "train")
+    assert ("download_and_prepare", "glue/mrpc") in offline_tfds
+    message = str(e.value)
+    assert "\n" not in message and "tfds glue/mrpc is not in" in message
+    assert "ConnectionError: Failed to establish a new connection" in message
+    assert "--config.task.data_dir=glue_data/MRPC" in message
+    assert "--config.task.tfds_data_dir" in message
+
+
+@pytest.mark.parametrize("read, name, flag", [
+    (lambda: readers.read_squad_tfds("2.0", "train"), "squad/v2.0", "--config.task.train_file"),
+    (lambda: readers.read_conll_tfds("dev"), "conll2003", "--config.task.train_file=eng.train"),
+    (lambda: readers.read_hellaswag_tfds("dev"), "hellaswag", "--config.task.dev_file")])
+def test_other_tfds_readers_say_what_to_set_when_the_download_fails(offline_tfds, read, name,
+                                                                  flag):
+    with pytest.raises(readers.DataError, match=f"tfds {name} is not in .*{flag}"):
+        read()
+    assert ("download_and_prepare", name) in offline_tfds

@@ -19,7 +19,8 @@ from bert_jax.train import loop
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
-from tests.train.common import MemorySource, random_batch, tiny_config, tiny_state
+from tests.train.common import (MemorySource, memory_data, memory_eval_data, random_batch,
+                                tiny_config, tiny_state)
 
 
 class NaNAtStep3(MemorySource):
@@ -79,6 +80,26 @@ def test_nonfinite_stops_naming_the_step():
         loop._check_finite(metrics, 17, config)
     config.train.skip_nonfinite = True
     assert loop._check_finite(metrics, 17, config) == 1
+
+
+def test_running_a_finished_run_again_reports_its_eval_without_a_second_row(tmp_path):
+    """The same command after a run finished: nothing to train, its final evaluation read
+    back from metrics.jsonl, not appended again. A run stopped after its last checkpoint
+    but before that evaluation still gets it."""
+    config = tiny_config(steps=3, train=dict(eval_every=0, tensorboard=False))
+    run = lambda: loop.train(config, str(tmp_path), make_train_data=memory_data,  # noqa: E731
+                             make_eval_data=memory_eval_data)
+    first = run()
+    path = tmp_path / "metrics.jsonl"
+    lines = path.read_text().splitlines()
+    assert [("eval/mlm_acc" in x) for x in lines] == [False] * (len(lines) - 1) + [True]
+    again = run()
+    assert path.read_text().splitlines() == lines
+    assert again["step"] == 3 and again["eval/mlm_acc"] == first["eval/mlm_acc"]
+    assert again["eval/mlm_acc_majority"] == first["eval/mlm_acc_majority"]
+    path.write_text("\n".join(lines[:-1]) + "\n")  # killed before the final evaluation
+    run()
+    assert path.read_text().splitlines() == lines
 
 
 @pytest.fixture(scope="module")

@@ -121,13 +121,12 @@ def test_conflicting_or_unfit_settings_fail_before_anything_is_built(tmp_path):
     assert not (tmp_path / "run" / "text_data").exists()  # nothing was built
 
 
-def test_text_files_and_workdir_in_a_bucket(tmp_path, monkeypatch):
+def test_text_files_and_workdir_in_a_bucket(tmp_path, monkeypatch, own_tempdir):
     """data.text_files and the workdir in a bucket (the fake one of tests/test_paths.py): the
     TFRecords are built in a local temporary folder and uploaded next to a DONE marker, the
     same bytes as a local build of the same text, and a restart reuses them. (Reading them
-    back is TensorFlow's own gs:// support, which no fake reaches.)"""
-    import tempfile
-
+    back is TensorFlow's own gs:// support, which no fake reaches.) Nothing is left in this
+    test's own temp folder."""
     from tests.test_paths import fake_gcs
 
     monkeypatch.chdir(tmp_path)  # a URI taken for a local path would land here
@@ -143,7 +142,6 @@ def test_text_files_and_workdir_in_a_bucket(tmp_path, monkeypatch):
 
     local_train, local_eval = data_lib.build_text_data(config(str(tmp_path / "a.txt")),
                                                        str(tmp_path / "run"))
-    staged = set(os.listdir(tempfile.gettempdir()))
     with fake_gcs(str(root)):
         train, eval_file = data_lib.build_text_data(config("gs://b/corpus/*.txt"),
                                                     "gs://b/run/")
@@ -163,4 +161,4 @@ def test_text_files_and_workdir_in_a_bucket(tmp_path, monkeypatch):
             train, eval_file)
         assert _files(built) == before
     assert local_eval and not (tmp_path / "gs:").exists()
-    assert set(os.listdir(tempfile.gettempdir())) - staged == set()
+    assert os.listdir(own_tempdir) == []

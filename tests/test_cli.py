@@ -1,0 +1,125 @@
+"""Every entry point ends a mistake in one line, `error: <message>` on stderr, with the exit
+code of the error's kind (2: the user's input, 1: a fault); --verbose adds the traceback
+(bert_jax/cli.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from bert_jax import cli
+from bert_jax.errors import FaultError, UserError
+from tests.conftest import REPO
+
+# Lines the C++ side of jax / TensorFlow may log on stderr whatever the program does.
+_NATIVE_LOG = re.compile(r"^(WARNING: All log messages before absl::InitializeLog|[IWEF]\d{4} )")
+
+
+def _run(*args, cwd=REPO):
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True,
+                       text=True, timeout=300)
+    lines = [line for line in r.stderr.splitlines() if line and not _NATIVE_LOG.match(line)]
+    return r, lines
+
+
+def test_train_py_mistyped_config_key_is_one_line_naming_the_closest_key(tmp_path):
+    """The issue's newcomer: `--config.train.stpes` printed 53 lines of chained tracebacks
+    (raised while absl parses flags, before main), the hint escaped on the last line."""
+    args = ["launch/train.py", "--config=configs/bert_tiny.py", f"--workdir={tmp_path}",
+            "--config.train.stpes=3"]
+    r, lines = _run(*args)
+    assert r.returncode == 2, r.stderr
+    assert lines == ["error: configs/bert_tiny.py: unknown config key 'train.stpes' (did you "
+                     "mean 'train.steps'?)"], r.stderr
+    assert not os.listdir(tmp_path)  # nothing ran
+    r, lines = _run(*args, "--verbose")
+    assert r.returncode == 2 and "Traceback (most recent call last)" in r.stderr
+    assert lines[-1].startswith("error: configs/bert_tiny.py: unknown config key 'train.stpes'")
+
+
+def test_train_py_error_in_main_is_one_line(tmp_path):
+    """A ReportedError raised in main (a GLUE config without a checkpoint) is one line."""
+    workdir = tmp_path / "mrpc"
+    r, lines = _run("launch/train.py", "--config=configs/glue.py:mrpc", f"--workdir={workdir}")
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and lines[0].startswith(
+        "error: no train.init_checkpoint given: fine-tuning starts from a pretrained "
+        "encoder; pass --config.train.init_checkpoint="), r.stderr
+    assert not workdir.exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("args, message", [
+    (["data_prep/create_pretraining_data.py", "--input_fil=x.txt"],
+     r"error: Unknown command line flag 'input_fil'\. Did you mean: input_file \?"),
+    (["data_prep/build_vocab.py", "--vocab_size=many"],
+     r"error: flag --vocab_size=many: invalid literal for int\(\) with base 10: 'many'"),
+    (["data_prep/prepare_corpus.py", "--input=nope_dir", "--output=x.txt"],
+     "error: no .txt files under nope_dir"),
+    (["-m", "bert_jax.data.inspect", "--input=nope/*.tfrecord"],
+     r"error: input glob 'nope/\*\.tfrecord' matches no file"),
+    (["launch/extract_features.py", "--checkpoint=nope", "--input_file=x.txt",
+      "--output_file=x.npy", "--pooling=mean"],
+     "error: --checkpoint=nope: .*/nope is neither a model directory"),
+    (["-m", "bert_jax.convert", "to-hf", "--checkpoint=nope", "--output=out"],
+     "error: .*/nope is neither a model directory"),
+])
+def test_every_cli_ends_a_mistake_in_one_line_exit_2(args, message, tmp_path):
+    """A bad flag (absl's own error, before main) or a bad input (in main): one line."""
+    if not args[0].startswith("-"):
+        args = [str(REPO / args[0]), *args[1:]]
+    r, lines = _run(*args, cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert len(lines) == 1 and re.match(message, lines[0]), r.stderr
+    assert not os.listdir(tmp_path)
+
+
+def test_the_process_exits_without_walking_its_heap_again(tmp_path):
+    """launch/train.py lingered 4-60 s after its last line: the interpreter's final garbage
+    collections walked the ~0.5M objects of TensorFlow, JAX and flax several times. cli.run
+    freezes what is alive when main returns, so no collection looks at it again (atexit
+    handlers still run)."""
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "import atexit, gc\n"
+        "from bert_jax import cli\n"
+        "heap = []\n"
+        "def main(argv):\n"
+        "    heap.extend([i] for i in range(200_000))  # alive until the process exits\n"
+        "    atexit.register(lambda: print('frozen', gc.get_freeze_count(), flush=True))\n"
+        "cli.run(main)\n")
+    r, _ = _run(str(program))
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout.split("frozen ")[1]) >= 200_000, r.stdout
+
+
+def test_reported_exit_codes_and_verbose(capsys):
+    with pytest.raises(SystemExit) as e, cli.reported():
+        raise UserError("x.tsv: line 3: empty label")
+    assert e.value.code == 2 and str(e.value) == "x.tsv: line 3: empty label"
+    assert capsys.readouterr().err == "error: x.tsv: line 3: empty label\n"
+    with pytest.raises(SystemExit) as e, cli.reported():
+        raise FaultError("checkpoint at step 8 failed: no space left")
+    assert e.value.code == 1
+    with pytest.raises(SystemExit) as e, cli.reported(verbose=True):
+        raise FaultError("disk full")
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and err.endswith("error: disk full\n")
+    with pytest.raises(SystemExit) as e, cli.reported(also=(FileNotFoundError,)):
+        raise FileNotFoundError("task.dev_file=nope.tsv: no such file")
+    assert e.value.code == 2
+    assert capsys.readouterr().err == "error: task.dev_file=nope.tsv: no such file\n"
+    with pytest.raises(SystemExit) as e, cli.reported():
+        raise UserError("shard.tfrecord: truncated record\n  at byte 250190")
+    assert capsys.readouterr().err == "error: shard.tfrecord: truncated record; at byte 250190\n"
+    with pytest.raises(SystemExit) as e, cli.reported():
+        raise KeyboardInterrupt
+    assert e.value.code == 130 and capsys.readouterr().err == "error: interrupted\n"
+    # Anything else is a bug: it keeps its traceback.
+    with pytest.raises(KeyError), cli.reported():
+        raise KeyError("input_ids")
