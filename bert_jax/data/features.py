@@ -60,6 +60,14 @@ def predictions_per_pack(max_predictions_per_seq: int, max_sequences_per_pack: i
     return min(k * p, p + k)
 
 
+def predictions_per_seq_of_pack(slots: int, max_sequences_per_pack: int) -> int:
+    """The P that predictions_per_pack(P, K) turns into `slots` (the doctor infers it)."""
+    k = int(max_sequences_per_pack)
+    if k <= 1:
+        return int(slots)
+    return 1 if slots == k else int(slots) - k
+
+
 def feature_table(max_sequences_per_pack: int = 0) -> Mapping[str, tuple]:
     """PRETRAIN_FEATURES (0: one sequence per row) or PACKED_FEATURES (K >= 1)."""
     return PACKED_FEATURES if max_sequences_per_pack else PRETRAIN_FEATURES
