@@ -64,7 +64,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     # data_prep --pack are recognised by their features (the train files all packed or all
     # unpacked, the eval files too). pack=True packs the data the run makes itself: the
     # training TFRecords built from text_files / the sample corpus (evaluation stays
-    # unpacked, so eval metrics compare with unpacked runs) and synthetic batches.
+    # unpacked, so eval metrics compare with unpacked runs; bert_jax.train.data).
     c.pack = False
     c.max_sequences_per_pack = 3     # K: the most sequences a packed row holds
     c.batch_size = 256           # GLOBAL batch; each host gets batch_size / process_count
