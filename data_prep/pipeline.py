@@ -241,17 +241,18 @@ def _packed_stream(flat: np.ndarray, docs: inst.Docs, sep_id: int):
     return stream, bounds, seps
 
 
-def process_chunk(chunk_index: int, docs: list[list[str]]):
-    """One chunk -> (chunk_index, framed records, record end offsets, Stats)."""
+def chunk_rows(chunk_index: int, docs: list[list[str]], stats: Stats) -> Iterator[dict]:
+    """One chunk -> its rows, in output order: instances.assemble's arrays of at most
+    _BATCH instances at a time, or with --pack the packed rows of those instances
+    (packing.pack_rows). Counts into `stats`. Needs _init_worker's state."""
     spec: WorkerSpec = _STATE["spec"]
     tok, vi, cfg = _STATE["tok"], _STATE["vi"], spec.cfg
-    stats = Stats()
     flat, tdocs = _tokenize_chunk(tok, docs, stats)
     # Seeds from (seed, chunk index) only: the same whatever worker runs the chunk.
     py_rng = random.Random(f"bert_jax.data_prep:{spec.random_seed}:{chunk_index}")
     np_rng = np.random.default_rng([spec.random_seed, chunk_index])
     if not tdocs:
-        return chunk_index, b"", np.zeros(0, np.int64), stats
+        return
     if cfg.no_nsp:
         src, bounds, seps = _packed_stream(flat, tdocs, vi.sep_id)
         specs = inst.packed_instances(len(src), bounds, cfg, py_rng, seps)
@@ -260,9 +261,8 @@ def process_chunk(chunk_index: int, docs: list[list[str]]):
         specs = inst.nsp_instances(tdocs, cfg, py_rng)
     specs = np.asarray(specs, dtype=np.int64).reshape(-1, 5)
     if not len(specs):
-        return chunk_index, b"", np.zeros(0, np.int64), stats
+        return
     specs = specs[np_rng.permutation(len(specs))]  # shuffle within the chunk
-    blobs, all_ends, base = [], [], 0
     has_special = bool(((src == vi.sep_id) | (src == vi.cls_id)).any())
     k = cfg.max_sequences_per_pack
     for group, sizes in _groups(specs, cfg, np_rng, stats):
@@ -275,16 +275,38 @@ def process_chunk(chunk_index: int, docs: list[list[str]]):
         stats.masked += int(w.sum())
         dec = arr["decision"]
         stats.decisions = [stats.decisions[i] + int((dec == i).sum()) for i in range(3)]
-        max_id = max(vi.vocab_size - 1, cfg.max_seq_length)
         if sizes is not None:
             arr = packing.pack_rows(arr, sizes, k, features_lib.predictions_per_pack(
                 cfg.max_predictions_per_seq, k))
         stats.rows += len(arr["input_ids"])
-        blob, ends = tfrecord.serialize_examples(arr, max_id, features_lib.feature_table(k))
+        yield arr
+
+
+def process_chunk(chunk_index: int, docs: list[list[str]]):
+    """One chunk -> (chunk_index, framed records, record end offsets, Stats)."""
+    cfg, vocab_size = _STATE["spec"].cfg, _STATE["vi"].vocab_size
+    stats = Stats()
+    max_id = max(vocab_size - 1, cfg.max_seq_length)
+    table = features_lib.feature_table(cfg.max_sequences_per_pack)
+    blobs, all_ends, base = [], [], 0
+    for arr in chunk_rows(chunk_index, docs, stats):
+        blob, ends = tfrecord.serialize_examples(arr, max_id, table)
         blobs.append(blob)
         all_ends.append(ends + base)
         base += len(blob)
+    if not blobs:
+        return chunk_index, b"", np.zeros(0, np.int64), stats
     return chunk_index, b"".join(blobs), np.concatenate(all_ends), stats
+
+
+def iter_rows(input_paths: Sequence[str], spec: WorkerSpec,
+              chunk_chars: int = 1_000_000) -> Iterator[dict]:
+    """The rows the tool would write for `input_paths` (chunk_rows' arrays), made in this
+    process and kept in memory: for benchmarks. Inputs must be validated."""
+    _init_worker(spec)
+    stats = Stats()
+    for k, docs, _ in iter_chunks(input_paths, stats, chunk_chars):
+        yield from chunk_rows(k, docs, stats)
 
 
 def _groups(specs: np.ndarray, cfg: inst.InstanceConfig, rng: np.random.Generator,
