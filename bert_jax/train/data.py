@@ -14,8 +14,9 @@ training files hold packed rows (data_prep --pack, up to data.max_sequences_per_
 sequences per row); the held-out files stay unpacked, so evaluation compares with unpacked
 runs. The files are cached in the workdir (WORKDIR/sample_data/len<L>_pred<P>[_pack<K>], or
 WORKDIR/text_data/len<L>_pred<P>[_pack<K>]_<hash> with a hash of the text files' paths, sizes
-and times, the vocabulary and the casing) and reused by a restart. The workdir and the text files may be in a bucket (gs://...): the TFRecords
-are then built in a local temporary folder and uploaded. Fine for a corpus of up to a few
+and times, the vocabulary and the casing) and reused by a restart. The workdir and the text
+files may be in a bucket (gs://...): the TFRecords are then built in a local temporary
+folder and uploaded. Fine for a corpus of up to a few
 hundred MB; for more, run data_prep yourself and set `data.train_files`.
 """
 
