@@ -14,8 +14,8 @@ Input: UTF-8 text, one sentence per line, a blank line between documents. Output
 
 Same flags as the original, plus --spm_model_file, --num_workers, --no_nsp,
 --chunk_size_mb and --pack / --max_sequences_per_pack (several sequences per row: the
-packed-row features of bert_jax/data/features.py, packing in data_prep/packing.py). Same sampling algorithm (see data_prep/instances.py); the differences are
-for bounded memory: NSP's random B comes from another document of the same ~1 MB chunk
+packed-row features of bert_jax/data/features.py, packing in data_prep/packing.py).
+Same sampling algorithm (see data_prep/instances.py); the differences are for bounded memory: NSP's random B comes from another document of the same ~1 MB chunk
 and instances are shuffled within a chunk. Byte-identical output for any --num_workers.
 """
 
