@@ -12,9 +12,10 @@ Input: UTF-8 text, one sentence per line, a blank line between documents. Output
       --max_seq_length=128 --max_predictions_per_seq=20 --masked_lm_prob=0.15 \
       --dupe_factor=5 --random_seed=12345
 
-Same flags as the original, plus --spm_model_file, --num_workers, --no_nsp and
---chunk_size_mb. Same sampling algorithm (see data_prep/instances.py); the differences are
-for bounded memory: NSP's random B comes from another document of the same ~1 MB chunk
+Same flags as the original, plus --spm_model_file, --num_workers, --no_nsp,
+--chunk_size_mb and --pack / --max_sequences_per_pack (several sequences per row: the
+packed-row features of bert_jax/data/features.py, packing in data_prep/packing.py).
+Same sampling algorithm (see data_prep/instances.py); the differences are for bounded memory: NSP's random B comes from another document of the same ~1 MB chunk
 and instances are shuffled within a chunk. Byte-identical output for any --num_workers.
 """
 
@@ -62,6 +63,13 @@ flags.DEFINE_bool("no_nsp", False,
 flags.DEFINE_float("chunk_size_mb", 1.0,
                    "Text per chunk: the memory bound, and the pool NSP draws random B "
                    "sentences from. Part of the output's identity (like the seed).")
+flags.DEFINE_bool("pack", False,
+                  "Write packed rows: up to --max_sequences_per_pack instances back to back "
+                  "in each row of max_seq_length (histogram packing, SPFHP), with per-token "
+                  "sequence_ids and position_ids and per-sequence NSP slots; "
+                  "max_predictions_per_seq + K MLM slots per row (bert_jax/data/features.py).")
+flags.DEFINE_integer("max_sequences_per_pack", 3,
+                     "With --pack: the most sequences one row holds (K).")
 flags.DEFINE_bool("progress", True, "Show a progress bar.")
 
 
@@ -81,7 +89,11 @@ def main(argv):
             max_predictions_per_seq=FLAGS.max_predictions_per_seq,
             masked_lm_prob=FLAGS.masked_lm_prob, short_seq_prob=FLAGS.short_seq_prob,
             dupe_factor=FLAGS.dupe_factor, do_whole_word_mask=FLAGS.do_whole_word_mask,
-            no_nsp=FLAGS.no_nsp)
+            no_nsp=FLAGS.no_nsp,
+            max_sequences_per_pack=FLAGS.max_sequences_per_pack if FLAGS.pack else 0)
+        if FLAGS.pack and FLAGS.max_sequences_per_pack < 1:
+            raise InputError(f"--max_sequences_per_pack must be >= 1 with --pack "
+                             f"(got {FLAGS.max_sequences_per_pack})")
         cfg.validate()
         if FLAGS.chunk_size_mb <= 0:
             raise InputError(f"--chunk_size_mb must be > 0 (got {FLAGS.chunk_size_mb})")
@@ -115,7 +127,8 @@ def main(argv):
     except KeyboardInterrupt:
         print("create_pretraining_data: interrupted; no output written", file=sys.stderr)
         return 130
-    print(stats.summary(no_nsp=cfg.no_nsp))
+    print(stats.summary(no_nsp=cfg.no_nsp, max_seq_length=cfg.max_seq_length,
+                        max_sequences_per_pack=cfg.max_sequences_per_pack))
     print("wrote " + ", ".join(outputs))
     from bert_jax.data.checks import files_named
     from bert_jax.data.tokenization import check_unk_rate

@@ -49,6 +49,8 @@ class InstanceConfig:
     dupe_factor: int = 10
     do_whole_word_mask: bool = False
     no_nsp: bool = False
+    # --pack: rows of up to this many instances (data_prep/packing.py); 0 = one per row.
+    max_sequences_per_pack: int = 0
 
     def validate(self) -> None:
         if self.max_seq_length < 5:
@@ -63,6 +65,9 @@ class InstanceConfig:
             raise ValueError(f"short_seq_prob must be in [0, 1] (got {self.short_seq_prob})")
         if self.dupe_factor < 1:
             raise ValueError(f"dupe_factor must be >= 1 (got {self.dupe_factor})")
+        if self.max_sequences_per_pack < 0:
+            raise ValueError(f"max_sequences_per_pack must be >= 1 with --pack "
+                             f"(got {self.max_sequences_per_pack})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -186,6 +191,14 @@ def packed_instances(stream_len: int, bounds: list[int], cfg: InstanceConfig,
             out.append((pos, end - pos, 0, 0, 0))
             pos = end
     return out
+
+
+def spec_lengths(spec: np.ndarray) -> np.ndarray:
+    """Tokens of each instance of <int64>[n, 5] specs, as assemble lays them out:
+    [CLS] A [SEP] (B [SEP]). <int64>[n]."""
+    spec = np.asarray(spec, np.int64).reshape(-1, 5)
+    la, lb = spec[:, 1], spec[:, 3]
+    return la + 2 + np.where(lb > 0, lb + 1, 0)
 
 
 def assemble(src: np.ndarray, spec: np.ndarray, cfg: InstanceConfig, vi: VocabInfo,

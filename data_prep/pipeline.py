@@ -30,7 +30,9 @@ import numpy as np
 from etils import epath
 
 from bert_jax import paths as bert_paths
+from bert_jax.data import features as features_lib
 from data_prep import instances as inst
+from data_prep import packing
 from data_prep import paths as dp_paths
 from data_prep import tfrecord
 
@@ -52,6 +54,8 @@ class Stats:
     candidates: int = 0           # maskable tokens (not [CLS]/[SEP]/padding)
     masked: int = 0
     decisions: list = dataclasses.field(default_factory=lambda: [0, 0, 0])  # mask/keep/random
+    rows: int = 0                 # records written: instances, or packed rows (--pack)
+    moved: int = 0                # --pack: sequences given a row of their own (MLM slots)
     output_bytes: int = 0
     seconds: float = 0.0
 
@@ -62,12 +66,29 @@ class Stats:
             elif f.name != "seconds":
                 setattr(self, f.name, getattr(self, f.name) + getattr(o, f.name))
 
-    def summary(self, no_nsp: bool = False) -> str:
+    def summary(self, no_nsp: bool = False, max_seq_length: int = 0,
+                max_sequences_per_pack: int = 0) -> str:
         def frac(a, b):
             return a / b if b else 0.0
         d = self.decisions
         nd = sum(d)
         rate = self.instances / self.seconds if self.seconds else 0.0
+        lines = []
+        if max_seq_length:  # padding share of the rows of max_seq_length tokens
+            pad = [1 - frac(self.instance_tokens, n * max_seq_length)
+                   for n in (self.instances, self.rows)]
+            if max_sequences_per_pack:
+                lines = [
+                    f"packing          {frac(self.instances, self.rows):.3f} sequences per row "
+                    f"(was 1; at most {max_sequences_per_pack}, SPFHP): {self.rows:,} rows",
+                    f"padding          {pad[0]:.2%} of the tokens before packing, {pad[1]:.2%} "
+                    f"after (rows of {max_seq_length})"]
+                if self.moved:
+                    lines.append(f"moved            {self.moved:,} sequences to rows of their "
+                                 f"own (the row's MLM slots were full)")
+            else:
+                lines = [f"padding          {pad[0]:.2%} of the tokens (rows of "
+                         f"{max_seq_length}; --pack removes most of it)"]
         return "\n".join([
             f"documents        {self.documents:,}",
             f"sentences        {self.sentences:,}",
@@ -84,7 +105,7 @@ class Stats:
             f"instances/s      {rate:,.0f}",
             f"input MB/s       {self.input_bytes / 1e6 / self.seconds if self.seconds else 0:.2f}",
             f"output           {self.output_bytes / 1e6:.1f} MB",
-        ])
+        ] + lines)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -220,17 +241,18 @@ def _packed_stream(flat: np.ndarray, docs: inst.Docs, sep_id: int):
     return stream, bounds, seps
 
 
-def process_chunk(chunk_index: int, docs: list[list[str]]):
-    """One chunk -> (chunk_index, framed records, record end offsets, Stats)."""
+def chunk_rows(chunk_index: int, docs: list[list[str]], stats: Stats) -> Iterator[dict]:
+    """One chunk -> its rows, in output order: instances.assemble's arrays of at most
+    _BATCH instances at a time, or with --pack the packed rows of those instances
+    (packing.pack_rows). Counts into `stats`. Needs _init_worker's state."""
     spec: WorkerSpec = _STATE["spec"]
     tok, vi, cfg = _STATE["tok"], _STATE["vi"], spec.cfg
-    stats = Stats()
     flat, tdocs = _tokenize_chunk(tok, docs, stats)
     # Seeds from (seed, chunk index) only: the same whatever worker runs the chunk.
     py_rng = random.Random(f"bert_jax.data_prep:{spec.random_seed}:{chunk_index}")
     np_rng = np.random.default_rng([spec.random_seed, chunk_index])
     if not tdocs:
-        return chunk_index, b"", np.zeros(0, np.int64), stats
+        return
     if cfg.no_nsp:
         src, bounds, seps = _packed_stream(flat, tdocs, vi.sep_id)
         specs = inst.packed_instances(len(src), bounds, cfg, py_rng, seps)
@@ -239,12 +261,12 @@ def process_chunk(chunk_index: int, docs: list[list[str]]):
         specs = inst.nsp_instances(tdocs, cfg, py_rng)
     specs = np.asarray(specs, dtype=np.int64).reshape(-1, 5)
     if not len(specs):
-        return chunk_index, b"", np.zeros(0, np.int64), stats
+        return
     specs = specs[np_rng.permutation(len(specs))]  # shuffle within the chunk
-    blobs, all_ends, base = [], [], 0
     has_special = bool(((src == vi.sep_id) | (src == vi.cls_id)).any())
-    for lo in range(0, len(specs), _BATCH):
-        arr = inst.assemble(src, specs[lo:lo + _BATCH], cfg, vi, np_rng, has_special)
+    k = cfg.max_sequences_per_pack
+    for group, sizes in _groups(specs, cfg, np_rng, stats):
+        arr = inst.assemble(src, group, cfg, vi, np_rng, has_special)
         w = arr["masked_lm_weights"]
         stats.instances += len(w)
         stats.is_next += int((arr["next_sentence_labels"] == 0).sum())
@@ -253,12 +275,60 @@ def process_chunk(chunk_index: int, docs: list[list[str]]):
         stats.masked += int(w.sum())
         dec = arr["decision"]
         stats.decisions = [stats.decisions[i] + int((dec == i).sum()) for i in range(3)]
-        max_id = max(vi.vocab_size - 1, cfg.max_seq_length)
-        blob, ends = tfrecord.serialize_examples(arr, max_id)
+        if sizes is not None:
+            arr = packing.pack_rows(arr, sizes, k, features_lib.predictions_per_pack(
+                cfg.max_predictions_per_seq, k))
+        stats.rows += len(arr["input_ids"])
+        yield arr
+
+
+def process_chunk(chunk_index: int, docs: list[list[str]]):
+    """One chunk -> (chunk_index, framed records, record end offsets, Stats)."""
+    cfg, vocab_size = _STATE["spec"].cfg, _STATE["vi"].vocab_size
+    stats = Stats()
+    max_id = max(vocab_size - 1, cfg.max_seq_length)
+    table = features_lib.feature_table(cfg.max_sequences_per_pack)
+    blobs, all_ends, base = [], [], 0
+    for arr in chunk_rows(chunk_index, docs, stats):
+        blob, ends = tfrecord.serialize_examples(arr, max_id, table)
         blobs.append(blob)
         all_ends.append(ends + base)
         base += len(blob)
+    if not blobs:
+        return chunk_index, b"", np.zeros(0, np.int64), stats
     return chunk_index, b"".join(blobs), np.concatenate(all_ends), stats
+
+
+def iter_rows(input_paths: Sequence[str], spec: WorkerSpec,
+              chunk_chars: int = 1_000_000) -> Iterator[dict]:
+    """The rows the tool would write for `input_paths` (chunk_rows' arrays), made in this
+    process and kept in memory: for benchmarks. Inputs must be validated."""
+    _init_worker(spec)
+    stats = Stats()
+    for k, docs, _ in iter_chunks(input_paths, stats, chunk_chars):
+        yield from chunk_rows(k, docs, stats)
+
+
+def _groups(specs: np.ndarray, cfg: inst.InstanceConfig, rng: np.random.Generator,
+            stats: Stats):
+    """(specs, sizes) of at most _BATCH instances at a time: sizes is None without --pack,
+    else the number of instances of each packed row (data_prep/packing.py); the members
+    of a row are consecutive specs."""
+    k = cfg.max_sequences_per_pack
+    if not k:
+        for lo in range(0, len(specs), _BATCH):
+            yield specs[lo:lo + _BATCH], None
+        return
+    lengths = inst.spec_lengths(specs)
+    packs, moved = packing.assign(
+        lengths, cfg.max_seq_length, k, rng,
+        packing.max_predictions(lengths, cfg.max_predictions_per_seq, cfg.masked_lm_prob),
+        features_lib.predictions_per_pack(cfg.max_predictions_per_seq, k))
+    stats.moved += moved
+    per = max(1, _BATCH // k)
+    for lo in range(0, len(packs), per):
+        group = packs[lo:lo + per]
+        yield specs[np.concatenate(group)], [len(p) for p in group]
 
 
 # ----------------------------------------------------------------------------- driver

@@ -16,7 +16,7 @@ TFRecord: uint64 length, masked crc32c(length), data, masked crc32c(data).
 from __future__ import annotations
 
 import struct
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import google_crc32c
 import numpy as np
@@ -131,11 +131,13 @@ def _encode_ints(v: np.ndarray, max_id: int) -> tuple[np.ndarray, np.ndarray, np
     return b, valid, np.take(t.len, v).sum(1, dtype=np.int64)
 
 
-def serialize_examples(features: dict[str, np.ndarray], max_id: int) -> tuple[bytes, np.ndarray]:
+def serialize_examples(features: dict[str, np.ndarray], max_id: int,
+                       table: Mapping[str, tuple] = PRETRAIN_FEATURES) -> tuple[bytes, np.ndarray]:
     """TFRecord-framed `tf.train.Example`s for a batch.
 
-    features: the PRETRAIN_FEATURES names -> <int or float32>[n, length] (next_sentence_labels
-    may be [n]); max_id: largest value any int64 feature can hold (e.g. vocab_size - 1).
+    features: the names of `table` (PRETRAIN_FEATURES, or PACKED_FEATURES for packed rows)
+    -> <int or float32>[n, length] (a length-1 feature may be [n]), written in the table's
+    order; max_id: largest value any int64 feature can hold (e.g. vocab_size - 1).
     Returns (blob, ends): the framed records back to back and <int64>[n] end offsets.
     """
     n = len(features["input_ids"])
@@ -144,7 +146,7 @@ def serialize_examples(features: dict[str, np.ndarray], max_id: int) -> tuple[by
     # Column blocks of the record matrix: (bytes [n, w] or bytes constant, valid or None).
     blocks: list = []
     features_len = np.zeros(n, dtype=np.int64)
-    for name, (dtype, _) in PRETRAIN_FEATURES.items():
+    for name, (dtype, _) in table.items():
         v = np.asarray(features[name])
         if v.ndim == 1:
             v = v[:, None]

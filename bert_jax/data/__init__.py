@@ -2,7 +2,8 @@
 
   pretrain.py      the `config.data` section and the entry points the trainer calls:
                    train_iterator / eval_iterator / check_input (TF imported lazily)
-  tfrecord.py      the tf.data pipeline over the original BERT TFRecords, its exact state
+  tfrecord.py      the tf.data pipeline over the original BERT TFRecords (packed ones
+                   too), its exact state
   shards.py        globs, per-host file shares, corrupt / truncated shard scans
   masking.py       dynamic (RoBERTa) re-masking in TF ops
   synthetic.py     `data.source="synthetic"`: batches of the right shapes, no TensorFlow
@@ -11,7 +12,8 @@
   checkpointing.py the iterator state as an orbax checkpoint item (one file per process)
   checks.py        records and batches against the config, naming file and values
   inspect.py       the data doctor: `python -m bert_jax.data.inspect --input=GLOB`
-  features.py      the original pre-training feature format (shared with data_prep)
+  features.py      the original pre-training feature format and the packed-row one
+                   (data_prep --pack), shared with data_prep
   tokenization.py  WordPiece / SentencePiece tokenizers
   task_readers.py, tasks_input.py   fine-tuning data (GLUE / SQuAD / NER) and its batches
 """

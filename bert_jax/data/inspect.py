@@ -7,7 +7,11 @@ Reads a sample (--num_records, spread over up to --max_files files) and prints: 
 feature names, kinds and lengths found (and whether they match the given lengths; without
 them the lengths are inferred), token ids outside the vocabulary, the real mask ratio and
 its [MASK] / random / unchanged split (with the vocab), the IsNext ratio, a histogram of
-sequence lengths, and the first examples decoded back to text. Exits with status 1 when a
+sequence lengths, and the first examples decoded back to text. Packed files (data_prep
+--pack) are recognised by their features: the doctor then also prints the sequences per
+row and the padding, and checks each row's layout (sequences back to back, positions
+restarting, a [CLS] at each next_sentence_position, the NSP weights; checks.packed_problems);
+a file of the other layout among them is a problem. Exits with status 1 when a
 record does not match (the same checks `pretrain.check_input` runs before training), a file
 is empty, or (with --vocab_file) most tokens are [UNK] (tokenization.UNK_ERROR; a warning
 from UNK_WARN on). --verify also reads and parses every record of every file: it names
@@ -97,21 +101,25 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
         for name, (kind, values) in dec.items():
             found[name]["kinds"][kind] += 1
             found[name]["lengths"][len(values)] += 1
+    packs = [features_lib.packing_of(checks.value_counts(d)) for _, _, d in records]
+    pack = packs[0] if packs else 0  # the layout of the first record read
+    slots = _mode([len(d["masked_lm_ids"][1]) for _, _, d in records if "masked_lm_ids" in d])
     inferred = dict(
         max_seq_length=_mode([len(d["input_ids"][1]) for _, _, d in records if "input_ids" in d]),
-        max_predictions_per_seq=_mode([len(d["masked_lm_ids"][1]) for _, _, d in records
-                                       if "masked_lm_ids" in d]))
+        max_predictions_per_seq=slots and features_lib.predictions_per_seq_of_pack(slots, pack))
     seq = max_seq_length or inferred["max_seq_length"] or 0
     preds = max_predictions_per_seq or inferred["max_predictions_per_seq"] or 0
     r.update(inferred=inferred, max_seq_length=seq, max_predictions_per_seq=preds,
-             lengths_given=bool(max_seq_length and max_predictions_per_seq))
-    expected = features_lib.feature_lengths(seq, preds)
+             lengths_given=bool(max_seq_length and max_predictions_per_seq),
+             max_sequences_per_pack=pack)
+    table = features_lib.feature_table(pack)
+    expected = features_lib.feature_lengths(seq, preds, pack)
     r["features"] = {
         name: dict(kinds=dict(info["kinds"]), lengths=dict(info["lengths"]),
-                   expected_kind=features_lib.PRETRAIN_FEATURES.get(name, (None,))[0],
+                   expected_kind=table.get(name, (None,))[0],
                    expected_length=expected.get(name))
         for name, info in sorted(found.items())}
-    r["missing"] = [n for n in features_lib.PRETRAIN_FEATURES if n not in found]
+    r["missing"] = [n for n in table if n not in found]
 
     problems = [(p, e if e == _EMPTY else f"unreadable: {e}") for p, e in unreadable]
     warnings = []
@@ -127,13 +135,20 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
         # other lengths, anywhere in a file (the sample above reads only the first ones).
         with concurrent.futures.ThreadPoolExecutor(8) as pool:
             parsed = pool.map(lambda f: checks.first_bad_record(
-                f, max_seq_length=seq, max_predictions_per_seq=preds), all_files)
+                f, max_seq_length=seq, max_predictions_per_seq=preds,
+                max_sequences_per_pack=pack), all_files)
             problems += [(f"{f} {bad[0]}", bad[1]) for f, bad in zip(all_files, parsed) if bad]
     if not records and not problems:
         problems.append((checks.files_named(all_files), "no records to check"))
-    for path, i, dec in records:
+    for (path, i, dec), own in zip(records, packs):
+        if own != pack:
+            problems.append((f"{path} record {i}", checks.layout_problem(
+                own, pack, f"{records[0][0]} record {records[0][1]}", "--input")))
+            continue
         for p in checks.check_record(dec, max_seq_length=seq, max_predictions_per_seq=preds,
-                                     vocab_size=vocab and vocab["vocab_size"]):
+                                     vocab_size=vocab and vocab["vocab_size"],
+                                     max_sequences_per_pack=pack,
+                                     cls_id=vocab and vocab["cls_id"]):
             problems.append((f"{path} record {i}", p))
     if vocab and vocab.get("unk_id") is not None and records:
         from bert_jax.data.tokenization import VocabError, check_unk_rate
@@ -151,7 +166,7 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
 
     # Statistics over the records that have the features with consistent lengths.
     good = [d for _, _, d in records
-            if all(n in d and len(d[n][1]) == expected[n] for n in features_lib.PRETRAIN_FEATURES)]
+            if all(n in d and len(d[n][1]) == expected[n] for n in table)]
     r["num_well_formed"] = len(good)
     if good:
         get = lambda n: np.stack([d[n][1] for d in good])  # noqa: E731
@@ -172,8 +187,13 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
             n = max(1, real.sum())
             r["mask_split"] = dict(mask=float(is_mask.sum() / n), unchanged=float(same.sum() / n),
                                    random=float((~is_mask & ~same).sum() / n))
-        nsp = get("next_sentence_labels").reshape(-1)
-        r["is_next_ratio"] = float((nsp == features_lib.IS_NEXT).mean())
+        r["padding_fraction"] = float(1 - mask.sum() / mask.size)
+        nsp = get("next_sentence_labels")
+        nsp_w = get("next_sentence_weights") if pack else np.ones_like(nsp, np.float32)
+        r["sequences_per_row"] = float(nsp_w.sum() / len(good))
+        r["is_next_ratio"] = float(((nsp == features_lib.IS_NEXT) * nsp_w).sum()
+                                   / max(nsp_w.sum(), 1))
+        nsp = nsp[:, 0]  # the row's first sequence, for the examples below
         edges = np.linspace(0, max(seq, 1), 9).astype(int)
         hist, _ = np.histogram(lengths, bins=edges)
         r["length_histogram"] = [(int(a), int(b), int(c)) for a, b, c in
@@ -189,7 +209,7 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
                     if w_ > 0 and p_ < n:
                         shown[p_] = f"{shown[p_]}({tokens([l_])[0]})"
             r["examples"].append(dict(text=" ".join(shown), is_next=int(nsp[k]) == 0,
-                                      length=n))
+                                      length=n, sequences=int(nsp_w[k].sum())))
     return r
 
 
@@ -211,6 +231,10 @@ def format_report(r: dict[str, Any]) -> str:
         out.append(f"  {name:<22} {kinds:<6} length {lengths:<10} {status}")
     for name in r["missing"]:
         out.append(f"  {name:<22} MISSING")
+    if "padding_fraction" in r:
+        out.append(f"layout: {features_lib.describe_packing(r['max_sequences_per_pack'])}; "
+                   f"{r['sequences_per_row']:.3f} sequences per row, padding "
+                   f"{r['padding_fraction']:.2%} of the tokens")
     if "verified" in r:
         v = r["verified"]
         out.append(f"verified: {v['records']} records in {v['files']} files, "
@@ -231,12 +255,14 @@ def format_report(r: dict[str, Any]) -> str:
         out.append("  (give --vocab_file for the [MASK]/random/unchanged split and text)")
     if "is_next_ratio" in r:
         out.append(f"IsNext: {r['is_next_ratio']:.1%} (the recipe: 50%)")
-        out.append(f"lengths (real tokens, mean {r['mean_length']:.1f}):")
+        out.append(f"lengths (real tokens per row, mean {r['mean_length']:.1f}):")
         top = max(1, max(c for _, _, c in r["length_histogram"]))
         for a, b, c in r["length_histogram"]:
             out.append(f"  {a:>5}-{b:<5} {'#' * round(40 * c / top):<40} {c}")
         for k, ex in enumerate(r["examples"]):
-            out.append(f"example {k} ({'IsNext' if ex['is_next'] else 'random B'}, "
+            what = (f"{ex['sequences']} sequence(s), the first " if r["max_sequences_per_pack"]
+                    else "")
+            out.append(f"example {k} ({what}{'IsNext' if ex['is_next'] else 'random B'}, "
                        f"{ex['length']} tokens; masked shown as token(original)):")
             out.append("  " + ex["text"])
     for warning in r.get("warnings", []):

@@ -16,6 +16,10 @@ Batches (host-local, local_batch = data.batch_size // jax.process_count()):
     masked_lm_weights:                  <float32>[local_batch, max_predictions_per_seq]
     next_sentence_labels:               <int32>[local_batch]  (0 = IsNext, as the original)
     example_weights:                    <float32>[local_batch] (1 real, 0 eval filler)
+Packed files (data_prep --pack; recognised by their features, see features.PACKED_FEATURES)
+add sequence_ids, position_ids <int32>[local_batch, max_seq_length] and
+next_sentence_positions <int32>, next_sentence_weights <float32> [local_batch, K], with
+next_sentence_labels <int32>[local_batch, K] and max_predictions_per_seq + K MLM slots.
 `device.to_global` / `device.DevicePrefetcher` turn them into global jax.Arrays sharded on
 the logical "batch" axis.
 
@@ -55,7 +59,14 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.text_files = ""
     c.do_lower_case = True       # for text_files: uncased vocabularies
     c.max_seq_length = 128
-    c.max_predictions_per_seq = 20
+    c.max_predictions_per_seq = 20   # per sequence (a packed row has this + K slots)
+    # Packed rows (several sequences per row, no compute on padding): TFRecords written by
+    # data_prep --pack are recognised by their features (the train files all packed or all
+    # unpacked, the eval files too). pack=True packs the data the run makes itself: the
+    # training TFRecords built from text_files / the sample corpus (evaluation stays
+    # unpacked, so eval metrics compare with unpacked runs; bert_jax.train.data).
+    c.pack = False
+    c.max_sequences_per_pack = 3     # K: the most sequences a packed row holds
     c.batch_size = 256           # GLOBAL batch; each host gets batch_size / process_count
     c.eval_batch_size = 0        # GLOBAL; 0 = batch_size
     c.shuffle = True
@@ -168,9 +179,23 @@ def train_iterator(cfg, *, process_index: int | None = None,
                                            local_batch=local_batch)
     from bert_jax.data import tfrecord
     files, record_level, skipped = host_files(cfg, cfg.train_files, index, count)
+    pack = files_packing(cfg, files, "data.train_files")
     return tfrecord.TFRecordIterator(cfg, files, process_index=index, process_count=count,
                                      local_batch=local_batch, record_level=record_level,
-                                     skipped_files=skipped)
+                                     skipped_files=skipped, max_sequences_per_pack=pack)
+
+
+def files_packing(cfg, files, what: str) -> int:
+    """0 if `files` hold unpacked rows, else K (data_prep --pack), from their first record;
+    DataCheckError for what a packed set cannot do (dynamic masking)."""
+    from bert_jax.data import checks, features
+    pack = checks.files_packing(files)
+    if pack and cfg.dynamic_masking:
+        raise checks.DataCheckError(
+            f"{what} {checks.files_named(list(files))} hold {features.describe_packing(pack)}, "
+            f"and data.dynamic_masking=True re-masks unpacked rows only; set "
+            f"--config.data.dynamic_masking=False (the files' own masks) or give unpacked files")
+    return pack
 
 
 def eval_iterator(cfg, *, process_index: int | None = None,
@@ -189,10 +214,11 @@ def eval_iterator(cfg, *, process_index: int | None = None,
                                        local_batch=local_batch, num_batches=num_batches or 4)
     if not cfg.eval_files:
         raise ValueError("data.eval_files is empty: nothing to evaluate")
-    from bert_jax.data import shards, tfrecord
+    from bert_jax.data import checks, shards, tfrecord
     files = shards.expand_files(cfg.eval_files)
     return tfrecord.EvalIterable(cfg, files, process_index=index, process_count=count,
-                                 local_batch=local_batch)
+                                 local_batch=local_batch,
+                                 max_sequences_per_pack=checks.files_packing(files))
 
 
 def check_input(cfg, *, process_index: int | None = None,
@@ -200,15 +226,16 @@ def check_input(cfg, *, process_index: int | None = None,
     """Checks the first records of each of this host's training (and eval) files against
     the config before anything is compiled; raises `checks.DataCheckError` naming the file
     and the expected and found values (or `tokenization.VocabError` when most of their
-    tokens are [UNK]; a warning from tokenization.UNK_WARN on). No-op for
-    source="synthetic"."""
+    tokens are [UNK]; a warning from tokenization.UNK_WARN on); packed and unpacked files
+    mixed in train_files (or in eval_files) are named too. No-op for source="synthetic"."""
     _check_source(cfg)
     if cfg.source == "synthetic":
         return
     from bert_jax.data import checks
     index, count = _hosts(process_index, process_count)
     vocab = vocab_info(cfg, with_unk=True)
-    for patterns in (cfg.train_files, cfg.eval_files):
+    for what, patterns in (("data.train_files", cfg.train_files),
+                           ("data.eval_files", cfg.eval_files)):
         if not patterns:
             continue
         from bert_jax.data import shards
@@ -220,6 +247,8 @@ def check_input(cfg, *, process_index: int | None = None,
             skip_unreadable=cfg.skip_corrupt, vocab=vocab,
             vocab_name=cfg.get("vocab_file") or (f"of the config (data.vocab_size="
                                                  f"{vocab['vocab_size']}, data.unk_id="
-                                                 f"{vocab['unk_id']})"))
+                                                 f"{vocab['unk_id']})"), what=what)
         if warning:
             log.warning("%s", warning)
+        if what == "data.train_files":
+            files_packing(cfg, files, what)

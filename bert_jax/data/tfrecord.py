@@ -10,6 +10,10 @@ the pipeline itself. Training pipeline, per host:
       -> enumerate -> parse_example on the whole batch (+ dynamic masking, stateless seeds)
       -> prefetch(AUTOTUNE) -> numpy
 
+Packed files (data_prep --pack, several sequences per row) are parsed with their own
+features (features.PACKED_FEATURES); `pretrain` tells the pipeline which layout the files
+have (max_sequences_per_pack, 0 = unpacked), from their first record.
+
 Why this order: shuffling and batching the small serialized strings before parsing keeps the
 shuffle cheap and lets `parse_example` and the masking run vectorized on whole batches (no
 per-example Python or per-example graph functions). A per-record `Dataset.shuffle` halved
@@ -63,22 +67,30 @@ _FAIL = 2
 # ---------------------------------------------------------------- parsing and masking
 
 
-def parse_spec(max_seq_length: int, max_predictions_per_seq: int) -> dict:
-    lengths = features_lib.feature_lengths(max_seq_length, max_predictions_per_seq)
+def parse_spec(max_seq_length: int, max_predictions_per_seq: int,
+               max_sequences_per_pack: int = 0) -> dict:
+    """tf.io.parse_example's features: of unpacked rows, or (max_sequences_per_pack = K
+    > 0) of packed rows (features.PACKED_FEATURES)."""
+    lengths = features_lib.feature_lengths(max_seq_length, max_predictions_per_seq,
+                                           max_sequences_per_pack)
     return {name: tf.io.FixedLenFeature([lengths[name]],
                                         tf.int64 if kind == "int64" else tf.float32)
-            for name, (kind, _) in features_lib.PRETRAIN_FEATURES.items()}
+            for name, (kind, _) in features_lib.feature_table(max_sequences_per_pack).items()}
 
 
-def parse_batch(serialized, max_seq_length: int, max_predictions_per_seq: int):
+def parse_batch(serialized, max_seq_length: int, max_predictions_per_seq: int,
+                max_sequences_per_pack: int = 0):
     """<string>[batch] serialized Examples -> dict of int32 / float32 [batch, ...] tensors.
 
-    next_sentence_labels comes out as <int32>[batch]; example_weights <float32>[batch] = 1.
+    next_sentence_labels comes out as <int32>[batch] (packed rows: [batch, K], with
+    next_sentence_weights <float32>[batch, K]); example_weights <float32>[batch] = 1.
     """
     parsed = tf.io.parse_example(serialized, parse_spec(max_seq_length,
-                                                        max_predictions_per_seq))
+                                                        max_predictions_per_seq,
+                                                        max_sequences_per_pack))
     out = {k: (tf.cast(v, tf.int32) if v.dtype == tf.int64 else v) for k, v in parsed.items()}
-    out["next_sentence_labels"] = out["next_sentence_labels"][:, 0]
+    if not max_sequences_per_pack:
+        out["next_sentence_labels"] = out["next_sentence_labels"][:, 0]
     out["example_weights"] = tf.ones(tf.shape(serialized)[:1], tf.float32)
     return out
 
@@ -92,14 +104,18 @@ def mask_params(cfg) -> dict[str, Any]:
 # ---------------------------------------------------------------- datasets
 
 
-def _signature(cfg, files, process_index, process_count, local_batch) -> dict[str, Any]:
+def _signature(cfg, files, process_index, process_count, local_batch,
+               max_sequences_per_pack: int = 0) -> dict[str, Any]:
     digest = hashlib.sha256("\n".join(files).encode()).hexdigest()[:16]
-    return dict(files=digest, num_files=len(files), process_index=process_index,
-                process_count=process_count, local_batch=local_batch,
-                max_seq_length=cfg.max_seq_length,
-                max_predictions_per_seq=cfg.max_predictions_per_seq, seed=cfg.seed,
-                shuffle=cfg.shuffle, shuffle_buffer=cfg.shuffle_buffer,
-                dynamic_masking=cfg.dynamic_masking)
+    out = dict(files=digest, num_files=len(files), process_index=process_index,
+               process_count=process_count, local_batch=local_batch,
+               max_seq_length=cfg.max_seq_length,
+               max_predictions_per_seq=cfg.max_predictions_per_seq, seed=cfg.seed,
+               shuffle=cfg.shuffle, shuffle_buffer=cfg.shuffle_buffer,
+               dynamic_masking=cfg.dynamic_masking)
+    if max_sequences_per_pack:  # only then: the states saved before packing existed match
+        out["max_sequences_per_pack"] = max_sequences_per_pack
+    return out
 
 
 def _read_parallelism(cfg, files: Sequence[str]) -> dict[str, Any]:
@@ -118,14 +134,16 @@ def _read_parallelism(cfg, files: Sequence[str]) -> dict[str, Any]:
 
 
 def train_dataset(cfg, files: Sequence[str], *, process_index: int, process_count: int,
-                  record_level: bool, local_batch: int, start_batch: int = 0) -> tf.data.Dataset:
+                  record_level: bool, local_batch: int, start_batch: int = 0,
+                  max_sequences_per_pack: int = 0) -> tf.data.Dataset:
     """The endless training dataset of this host (see the module docstring).
 
     files: this host's files (all files when record_level). Elements: dict of
     input_ids / input_mask / segment_ids <int32>[local_batch, max_seq_length],
     masked_lm_positions / masked_lm_ids <int32>[local_batch, P],
     masked_lm_weights <float32>[local_batch, P], next_sentence_labels <int32>[local_batch],
-    example_weights <float32>[local_batch] (all ones).
+    example_weights <float32>[local_batch] (all ones). Packed files
+    (max_sequences_per_pack = K > 0): parse_batch's packed features, P = P + K slots.
     """
     # Host-specific seeds: hosts read different files anyway; this keeps their record
     # shuffles and masks independent too. Record-level sharding needs the SAME file order
@@ -163,7 +181,7 @@ def train_dataset(cfg, files: Sequence[str], *, process_index: int, process_coun
     if start_batch:
         ds = ds.skip(start_batch)  # fallback resume: skipped before any parsing
 
-    seq, preds = cfg.max_seq_length, cfg.max_predictions_per_seq
+    seq, preds, pack = cfg.max_seq_length, cfg.max_predictions_per_seq, max_sequences_per_pack
     if cfg.dynamic_masking:
         params = mask_params(cfg)
         base_seed = tf.constant([cfg.seed, process_index], tf.int64)
@@ -176,7 +194,7 @@ def train_dataset(cfg, files: Sequence[str], *, process_index: int, process_coun
     else:
         def parse(index, serialized):
             del index
-            return parse_batch(serialized, seq, preds)
+            return parse_batch(serialized, seq, preds, pack)
 
     ds = ds.map(parse, num_parallel_calls=AUTOTUNE, deterministic=True)
     ds = ds.prefetch(AUTOTUNE)
@@ -198,7 +216,8 @@ def _pad_batch(batch, local_batch: int):
 
 
 def eval_dataset(cfg, files: Sequence[str], *, process_index: int, process_count: int,
-                 local_batch: int) -> tuple[tf.data.Dataset, int, int]:
+                 local_batch: int, max_sequences_per_pack: int = 0
+                 ) -> tuple[tf.data.Dataset, int, int]:
     """Every eval record of this host exactly once, then filler: (dataset, batches, records).
 
     All hosts get the same number of batches (collectives need it): the counts of every
@@ -230,15 +249,15 @@ def eval_dataset(cfg, files: Sequence[str], *, process_index: int, process_count
                        num_parallel_calls=AUTOTUNE, deterministic=record_level)
     if record_level:
         ds = ds.shard(process_count, process_index)
-    seq, preds = cfg.max_seq_length, cfg.max_predictions_per_seq
+    seq, preds, pack = cfg.max_seq_length, cfg.max_predictions_per_seq, max_sequences_per_pack
     ds = ds.batch(local_batch).map(
-        lambda s: _pad_batch(parse_batch(s, seq, preds), local_batch),
+        lambda s: _pad_batch(parse_batch(s, seq, preds, pack), local_batch),
         num_parallel_calls=AUTOTUNE, deterministic=False)
     real_batches = math.ceil(num_records / local_batch)
     if num_batches > real_batches:
         filler = tf.data.Dataset.from_tensors(
             tf.constant([], tf.string)).map(
-                lambda s: _pad_batch(parse_batch(s, seq, preds), local_batch))
+                lambda s: _pad_batch(parse_batch(s, seq, preds, pack), local_batch))
         ds = ds.concatenate(filler.repeat(num_batches - real_batches))
     return ds.prefetch(AUTOTUNE), num_batches, num_records
 
@@ -246,7 +265,8 @@ def eval_dataset(cfg, files: Sequence[str], *, process_index: int, process_count
 # ---------------------------------------------------------------- iterators
 
 
-def input_error(error: tf.errors.OpError, files: Sequence[str], cfg):
+def input_error(error: tf.errors.OpError, files: Sequence[str], cfg,
+                max_sequences_per_pack: int = 0):
     """TF's error while reading a pipeline over `files` -> the one-line error to raise:
     CorruptShardError naming the corrupt file(s) and byte offset (DataLossError),
     DataCheckError naming the files and the lengths expected (InvalidArgumentError: a record
@@ -263,9 +283,11 @@ def input_error(error: tf.errors.OpError, files: Sequence[str], cfg):
                "set --config.data.skip_corrupt=True to leave corrupt shards out")
         return CorruptShardError(f"corrupt or truncated input shard "
                                  f"{names or short_error(error)}. Re-create it, or {fix}.")
+    packed = (f" of {features_lib.describe_packing(max_sequences_per_pack)}"
+              if max_sequences_per_pack else "")
     return DataCheckError(
         f"cannot parse the records of {files_named(list(files))} as BERT pre-training "
-        f"features with max_seq_length={cfg.max_seq_length}, max_predictions_per_seq="
+        f"features{packed} with max_seq_length={cfg.max_seq_length}, max_predictions_per_seq="
         f"{cfg.max_predictions_per_seq}: {short_error(error)}. Run `python -m "
         f"bert_jax.data.inspect --verify --input=...` on the files to find the record.")
 
@@ -286,22 +308,25 @@ class TFRecordIterator:
     """
 
     def __init__(self, cfg, files: Sequence[str], *, process_index: int, process_count: int,
-                 local_batch: int, record_level: bool, skipped_files=()):
+                 local_batch: int, record_level: bool, skipped_files=(),
+                 max_sequences_per_pack: int = 0):
         self._cfg = cfg
         self.files = list(files)
         self.skipped_files = list(skipped_files)
         self.process_index, self.process_count = process_index, process_count
         self.local_batch = local_batch
+        self.max_sequences_per_pack = max_sequences_per_pack  # 0: unpacked files
         self._record_level = record_level
         self._signature = _signature(cfg, self.files, process_index, process_count,
-                                     local_batch)
+                                     local_batch, max_sequences_per_pack)
         self._build(0)
 
     def _build(self, start_batch: int):
         self._dataset = train_dataset(
             self._cfg, self.files, process_index=self.process_index,
             process_count=self.process_count, record_level=self._record_level,
-            local_batch=self.local_batch, start_batch=start_batch)
+            local_batch=self.local_batch, start_batch=start_batch,
+            max_sequences_per_pack=self.max_sequences_per_pack)
         self._iter = iter(self._dataset)
         self.batches = start_batch
         self._failed = False  # a read error: the tf.data iterator cannot be serialized
@@ -318,7 +343,7 @@ class TFRecordIterator:
             batch = next(self._iter)
         except tf.errors.OpError as e:  # a corrupt, unparsable or vanished file
             self._failed = True
-            raise input_error(e, self.files, self._cfg) from None
+            raise input_error(e, self.files, self._cfg, self.max_sequences_per_pack) from None
         self.batches += 1
         return _to_numpy(batch)
 
@@ -387,13 +412,14 @@ class EvalIterable:
     """
 
     def __init__(self, cfg, files: Sequence[str], *, process_index: int, process_count: int,
-                 local_batch: int):
+                 local_batch: int, max_sequences_per_pack: int = 0):
         self.files = list(files)
         self.local_batch = local_batch
+        self.max_sequences_per_pack = max_sequences_per_pack
         self._cfg = cfg
         self._dataset, self.num_batches, self.num_records = eval_dataset(
             cfg, self.files, process_index=process_index, process_count=process_count,
-            local_batch=local_batch)
+            local_batch=local_batch, max_sequences_per_pack=max_sequences_per_pack)
 
     def __len__(self) -> int:
         return self.num_batches
@@ -403,4 +429,4 @@ class EvalIterable:
             for batch in self._dataset:
                 yield _to_numpy(batch)
         except tf.errors.OpError as e:
-            raise input_error(e, self.files, self._cfg) from None
+            raise input_error(e, self.files, self._cfg, self.max_sequences_per_pack) from None

@@ -9,11 +9,14 @@ With `data.source="tfrecord"` and no `data.train_files`, TFRecords are built onc
 text by data_prep/create_pretraining_data.py with the config's lengths: from
 `data.text_files` (your own text, in the original input format: one sentence per line, a
 blank line between documents) or else from the sample corpus in data_prep/sample_corpus (the
-quick start). Every 20th document is held out for evaluation. The files are cached in the
-workdir (WORKDIR/sample_data/len<L>_pred<P>, or WORKDIR/text_data/len<L>_pred<P>_<hash> with
-a hash of the text files' paths, sizes and times, the vocabulary and the casing) and reused
-by a restart. The workdir and the text files may be in a bucket (gs://...): the TFRecords
-are then built in a local temporary folder and uploaded. Fine for a corpus of up to a few
+quick start). Every 20th document is held out for evaluation. With `data.pack=True` the
+training files hold packed rows (data_prep --pack, up to data.max_sequences_per_pack
+sequences per row); the held-out files stay unpacked, so evaluation compares with unpacked
+runs. The files are cached in the workdir (WORKDIR/sample_data/len<L>_pred<P>[_pack<K>], or
+WORKDIR/text_data/len<L>_pred<P>[_pack<K>]_<hash> with a hash of the text files' paths, sizes
+and times, the vocabulary and the casing) and reused by a restart. The workdir and the text
+files may be in a bucket (gs://...): the TFRecords are then built in a local temporary
+folder and uploaded. Fine for a corpus of up to a few
 hundred MB; for more, run data_prep yourself and set `data.train_files`.
 """
 
@@ -70,6 +73,17 @@ def make_train_data(config, workdir: str):
     # Reads the first records of every file: a wrong length or an id outside the
     # vocabulary raises DataCheckError naming the file, before anything compiles.
     pretrain.check_input(config.data)
+    if config.data.get("pack") and not build:
+        from bert_jax.data import checks, shards
+        files = (shards.expand_files(config.data.train_files)
+                 if config.data.source == "tfrecord" else [])
+        if not files or not checks.files_packing(files):
+            given = (f"data.train_files {files_named(files)} hold unpacked rows" if files
+                     else f"data.source={config.data.source!r}")
+            raise DataCheckError(
+                f"config.data.pack=True, but {given}: data.pack packs the TFRecords the run "
+                f"builds (data.text_files, the sample corpus); pack your files with "
+                f"create_pretraining_data.py --pack, or set data.pack=False")
     return pretrain.train_iterator(config.data)
 
 
@@ -133,26 +147,39 @@ def _stamp(path: str) -> tuple:
     return os.path.getsize(path), os.path.getmtime(path)
 
 
+def pack_flags(config) -> list[str]:
+    """data_prep's flags for the training files of `data.pack` (empty: unpacked)."""
+    if not config.data.get("pack", False):
+        return []
+    k = int(config.data.get("max_sequences_per_pack", 3))
+    if k < 1:
+        raise DataCheckError(f"config.data.max_sequences_per_pack={k}: expected >= 1 with "
+                             f"data.pack=True (the most sequences a packed row holds)")
+    return ["--pack", f"--max_sequences_per_pack={k}"]
+
+
 def build_text_data(config, workdir: str) -> tuple[str, str]:
     """(train glob, eval glob or "") of TFRecords made from `data.text_files` (else the
     sample corpus) for the config's lengths and vocabulary; built by process 0 once and
     reused."""
     seq, pred = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     vocab, lower = config.data.vocab_file, bool(config.data.get("do_lower_case", True))
+    pack = pack_flags(config)
+    tag = f"len{seq}_pred{pred}" + (f"_pack{config.data.max_sequences_per_pack}" if pack else "")
     spec = config.data.get("text_files", "")
     if spec:
         corpus = _text_corpus(spec)
         what = f"data.text_files {files_named(corpus)}"
         key = hashlib.sha1(repr([(f, *_stamp(f)) for f in corpus]
                                 + [paths.resolve(vocab), lower]).encode()).hexdigest()[:12]
-        out = paths.join(workdir, "text_data", f"len{seq}_pred{pred}_{key}")
+        out = paths.join(workdir, "text_data", f"{tag}_{key}")
     else:
         corpus = sorted(glob.glob(os.path.join(SAMPLE_CORPUS, "*.txt")))
         if not corpus:
             raise FileNotFoundError(f"no sample corpus under {SAMPLE_CORPUS}; set "
                                     f"--config.data.train_files or data.text_files")
         what = "the sample corpus"
-        out = paths.join(workdir, "sample_data", f"len{seq}_pred{pred}")
+        out = paths.join(workdir, "sample_data", tag)
     train_glob = os.path.join(out, "train-*.tfrecord")
     eval_file = os.path.join(out, "eval.tfrecord")
     done = os.path.join(out, "DONE")
@@ -186,7 +213,7 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
                    f"--max_predictions_per_seq={pred}", "--masked_lm_prob=0.15",
                    f"--dupe_factor={SAMPLE_DUPE_FACTOR}",
                    f"--random_seed={12345 if name == 'train' else 54321}",
-                   "--num_workers=2", "--noprogress"]
+                   "--num_workers=2", "--noprogress"] + (pack if name == "train" else [])
             result = subprocess.run(cmd, capture_output=True, text=True)
             errors = _tool_said(result.stderr, "error")
             if result.returncode == 2 and name == "eval":  # held-out text with no token:

@@ -285,10 +285,16 @@ def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
                     records = [step_lib.host_metrics(m) for m in pending]
                     now = time.perf_counter()
                     scalars = metrics_lib.average(records)
+                    inputs = {k: scalars.pop(k) for k in metrics_lib.INPUT_STATS if k in scalars}
+                    step_time = None
                     if last_log_time is not None:
                         step_time = (now - last_log_time) / max(step - last_log_step, 1)
                         scalars.update(metrics_lib.throughput(
                             step_time, batch_size, seq_len, flops, peak, jax.device_count()))
+                    scalars.update(metrics_lib.real_token_metrics(  # real (non-padding) tokens
+                        inputs, rows=batch_size, seq_len=seq_len, config=model_cfg,
+                        nsp=model.nsp, step_time=step_time, peak_per_device=peak,
+                        num_devices=jax.device_count()))
                     writer.write(step, scalars)
                     if bar is not None:
                         bar.set_postfix(loss=f"{scalars['train/loss']:.3f}",
@@ -412,7 +418,7 @@ def _info(is_main: bool, msg: str) -> None:
 def _print_summary(summary: dict, workdir: str) -> None:
     keys = ["train/loss", "train/mlm_acc", "train/nsp_acc", "eval/loss", "eval/mlm_acc",
             "eval/mlm_acc_majority", "eval/nsp_acc", "perf/step_time", "perf/seq_per_s",
-            "perf/mfu"]
+            "perf/mfu", "perf/real_tokens_per_s", "perf/real_mfu", "data/padding_fraction"]
     print(f"done at step {summary['step']}" + (" (preempted)" if summary["preempted"] else "")
           + ": " + metrics_lib.format_summary(summary, keys), flush=True)
     if "eval/mlm_acc" in summary and "eval/mlm_acc_majority" in summary:

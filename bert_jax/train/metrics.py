@@ -8,6 +8,13 @@ the forward pass (2 FLOPs per multiply-add) times 3 for forward + backward; atte
 and context matmuls are included, elementwise work is not (the PaLM convention). The peak
 comes from a table of per-device dense bf16 peaks by `device_kind`; on CPU (or an unknown
 device) it is a measured float32 matmul ceiling of this machine.
+
+Real tokens. Padding costs compute but is no work: `input_stats` counts, inside the step,
+the batch's real tokens, sequences (several per packed row), squared sequence lengths (the
+attention's share) and predictions, and `real_token_metrics` turns them into
+perf/real_tokens_per_s, perf/real_mfu (the FLOPs of those sequences alone, unpadded: what
+packing gains shows here, while perf/mfu counts every row at full length) and the input's
+data/padding_fraction and data/sequences_per_row.
 """
 
 from __future__ import annotations
@@ -46,22 +53,30 @@ PEAK_FLOPS = (
 )
 
 
-def model_flops_per_example(config, seq_len: int, max_predictions: int, nsp: bool = True) -> float:
-    """Training FLOPs (forward + backward = 3 x forward) of one example of length
-    `seq_len` with `max_predictions` MLM slots, for a BertConfig."""
+def model_flops(config, tokens: float, square_lengths: float, sequences: float,
+                predictions: float, nsp: bool = True) -> float:
+    """Training FLOPs (forward + backward = 3 x forward) of `sequences` sequences of
+    `tokens` tokens in all (sum of their squared lengths `square_lengths`: attention
+    compares the tokens of a sequence with each other) with `predictions` MLM outputs,
+    for a BertConfig."""
     h, i, n, v = (config.hidden_size, config.intermediate_size, config.num_hidden_layers,
                   config.vocab_size)
-    l, p = seq_len, max_predictions
-    per_layer = (2 * l * h * 3 * h      # Q, K, V projections
-                 + 2 * l * h * h        # attention output projection
-                 + 2 * 2 * l * l * h    # scores Q K^T and context P V
-                 + 2 * 2 * l * h * i)   # feed-forward in and out
+    per_layer = (tokens * 2 * h * 3 * h      # Q, K, V projections
+                 + tokens * 2 * h * h        # attention output projection
+                 + 2 * 2 * square_lengths * h  # scores Q K^T and context P V
+                 + tokens * 2 * 2 * h * i)   # feed-forward in and out
     forward = n * per_layer
-    forward += 2 * h * h                # pooler
-    forward += p * (2 * h * h + 2 * h * v)  # MLM transform + tied decoder on P rows
+    forward += sequences * 2 * h * h         # pooler
+    forward += predictions * (2 * h * h + 2 * h * v)  # MLM transform + tied decoder
     if nsp:
-        forward += 2 * h * 2
+        forward += sequences * 2 * h * 2
     return 3.0 * forward
+
+
+def model_flops_per_example(config, seq_len: int, max_predictions: int, nsp: bool = True) -> float:
+    """Training FLOPs of one example of length `seq_len` with `max_predictions` MLM slots
+    (every row at full length: what the hardware computes)."""
+    return model_flops(config, seq_len, seq_len * seq_len, 1, max_predictions, nsp)
 
 
 _MEASURED: dict = {}
@@ -103,6 +118,46 @@ def throughput(step_time: float, batch_size: int, seq_len: int, flops_per_exampl
     return {"perf/step_time": step_time, "perf/seq_per_s": seq_per_s,
             "perf/tokens_per_s": seq_per_s * seq_len,
             "perf/mfu": seq_per_s * flops_per_example / (peak_per_device * num_devices)}
+
+
+INPUT_STATS = ("input/tokens", "input/sequences", "input/square_lengths", "input/predictions")
+
+
+def input_stats(batch) -> dict:
+    """The real work in a (global) batch, float32 scalars (jnp, inside the jitted step):
+    input/tokens (input_mask), input/sequences (rows, or the sequences of packed rows),
+    input/square_lengths (sum of squared sequence lengths), input/predictions."""
+    import jax.numpy as jnp
+
+    mask = batch["input_mask"].astype(jnp.float32)
+    if "sequence_ids" in batch:  # packed rows: the tokens of each sequence k = 1..K
+        k = batch["next_sentence_weights"].shape[-1]
+        ids = batch["sequence_ids"][..., None] == jnp.arange(1, k + 1, dtype=jnp.int32)
+        lengths = jnp.sum(ids, axis=1, dtype=jnp.float32)      # [batch, K]
+    else:
+        lengths = jnp.sum(mask, axis=1, keepdims=True)          # [batch, 1]
+    return {"input/tokens": jnp.sum(mask),
+            "input/sequences": jnp.sum((lengths > 0).astype(jnp.float32)),
+            "input/square_lengths": jnp.sum(lengths * lengths),
+            "input/predictions": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))}
+
+
+def real_token_metrics(stats: Mapping[str, float], *, rows: int, seq_len: int, config,
+                       nsp: bool = True, step_time: float | None = None,
+                       peak_per_device: float = 0.0, num_devices: int = 1) -> dict:
+    """From the per-step means of input_stats (`rows` rows of `seq_len` tokens a step):
+    data/padding_fraction, data/sequences_per_row and, with step_time,
+    perf/real_tokens_per_s and perf/real_mfu (model_flops of the real sequences only)."""
+    if "input/tokens" not in stats:
+        return {}
+    out = {"data/padding_fraction": 1.0 - stats["input/tokens"] / (rows * seq_len),
+           "data/sequences_per_row": stats["input/sequences"] / rows}
+    if step_time:
+        flops = model_flops(config, stats["input/tokens"], stats["input/square_lengths"],
+                            stats["input/sequences"], stats["input/predictions"], nsp)
+        out["perf/real_tokens_per_s"] = stats["input/tokens"] / step_time
+        out["perf/real_mfu"] = flops / step_time / (peak_per_device * num_devices)
+    return out
 
 
 class MetricWriter:

@@ -30,6 +30,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bert_jax.tasks.pretraining import pretraining_loss
+from bert_jax.train import metrics as metrics_lib
 from bert_jax.train.state import TrainState, mesh_context
 
 
@@ -157,6 +158,7 @@ def train_step(state: TrainState, batch, rng, *, model, tx: optax.GradientTransf
     if "nsp_loss_sum" in sums:
         metrics["train/nsp_loss"] = sums["nsp_loss_sum"] / nsp_total
         metrics["train/nsp_acc"] = sums["nsp_correct"] / nsp_total
+    metrics.update(metrics_lib.input_stats(batch))  # real tokens (bert_jax.train.metrics)
     return new_state, {k: v.astype(jnp.float32) for k, v in metrics.items()}
 
 

@@ -7,7 +7,7 @@ import pathlib
 
 import numpy as np
 
-from bert_jax.data.features import PRETRAIN_FEATURES, feature_lengths
+from bert_jax.data.features import feature_lengths, feature_table
 from data_prep import instances as inst
 from data_prep import pipeline
 
@@ -26,14 +26,16 @@ def run_tool(inputs, outputs, *, seed=12345, num_workers=1, chunk_chars=1_000_00
                         num_workers=num_workers, chunk_chars=chunk_chars, progress=False)
 
 
-def read_examples(paths, max_seq_length: int, max_predictions_per_seq: int) -> dict:
-    """All records of the files, parsed by tf.io.parse_example: name -> <[n, length]>."""
+def read_examples(paths, max_seq_length: int, max_predictions_per_seq: int,
+                  max_sequences_per_pack: int = 0) -> dict:
+    """All records of the files, parsed by tf.io.parse_example: name -> <[n, length]>
+    (packed rows with max_sequences_per_pack > 0)."""
     import tensorflow as tf
 
-    lengths = feature_lengths(max_seq_length, max_predictions_per_seq)
+    lengths = feature_lengths(max_seq_length, max_predictions_per_seq, max_sequences_per_pack)
     spec = {name: tf.io.FixedLenFeature([lengths[name]],
                                         tf.float32 if dt == "float" else tf.int64)
-            for name, (dt, _) in PRETRAIN_FEATURES.items()}
+            for name, (dt, _) in feature_table(max_sequences_per_pack).items()}
     out = {k: [] for k in spec}
     for path in paths:
         ds = tf.data.TFRecordDataset(str(path)).batch(4096)
@@ -42,6 +44,41 @@ def read_examples(paths, max_seq_length: int, max_predictions_per_seq: int) -> d
             for k in spec:
                 out[k].append(parsed[k].numpy())
     return {k: (np.concatenate(v) if v else np.zeros((0, lengths[k]))) for k, v in out.items()}
+
+
+def unpack_rows(rows: dict, max_predictions_per_seq: int) -> dict:
+    """Packed rows -> the unpacked examples they hold (each sequence alone in a row of the
+    same length, its predictions in slots of its own), in row order, then slot order.
+    Written from the documented layout (bert_jax/data/features.py) with plain loops,
+    independently of data_prep/packing.py."""
+    n, S = rows["input_ids"].shape
+    P = max_predictions_per_seq
+    out = {k: [] for k in ("input_ids", "input_mask", "segment_ids", "masked_lm_positions",
+                           "masked_lm_ids", "masked_lm_weights", "next_sentence_labels")}
+    for r in range(n):
+        for k in range(rows["next_sentence_weights"].shape[1]):
+            if rows["next_sentence_weights"][r, k] == 0:
+                continue
+            start = int(rows["next_sentence_positions"][r, k])
+            length = int((rows["sequence_ids"][r] == k + 1).sum())
+            cut = slice(start, start + length)
+            for name in ("input_ids", "input_mask", "segment_ids"):
+                row = np.zeros(S, np.int64)
+                row[:length] = rows[name][r, cut]
+                out[name].append(row)
+            mine = (rows["masked_lm_weights"][r] > 0) & (
+                rows["masked_lm_positions"][r] >= start) & (
+                rows["masked_lm_positions"][r] < start + length)
+            pos, ids, w = (np.zeros(P, np.int64), np.zeros(P, np.int64), np.zeros(P, np.float32))
+            m = int(mine.sum())
+            pos[:m] = rows["masked_lm_positions"][r][mine] - start
+            ids[:m] = rows["masked_lm_ids"][r][mine]
+            w[:m] = 1.0
+            out["masked_lm_positions"].append(pos)
+            out["masked_lm_ids"].append(ids)
+            out["masked_lm_weights"].append(w)
+            out["next_sentence_labels"].append([rows["next_sentence_labels"][r, k]])
+    return {k: np.array(v) for k, v in out.items()}
 
 
 def restore(ex: dict) -> np.ndarray:

@@ -49,6 +49,15 @@ def test_skip_nonfinite_logs_and_continues(tmp_path):
                 "train/nsp_acc", "train/lr", "train/grad_norm", "train/param_norm"}
     assert expected <= set(records[0])
     assert {"perf/step_time", "perf/seq_per_s", "perf/tokens_per_s", "perf/mfu"} <= set(records[1])
+    # Real (non-padding) tokens: the padding of each step's batch, and their rate.
+    pads = [1 - random_batch(1000 + i, 8)["input_mask"].mean() for i in range(5)]
+    assert [r["data/padding_fraction"] for r in records] == pytest.approx(pads)
+    assert all(r["data/sequences_per_row"] == 1.0 for r in records)
+    assert not any(k.startswith("input/") for r in records for k in r)
+    r = records[1]
+    assert r["perf/real_tokens_per_s"] == pytest.approx(
+        r["perf/tokens_per_s"] * (1 - r["data/padding_fraction"]))
+    assert 0 < r["perf/real_mfu"] < r["perf/mfu"]
     assert all(np.isfinite(r["train/param_norm"]) for r in records)
     assert (tmp_path / "checkpoints" / "5").is_dir()
 

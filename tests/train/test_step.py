@@ -11,8 +11,10 @@ import pytest
 from bert_jax.data import device as data_device
 from bert_jax.tasks.pretraining import pretraining_loss
 from bert_jax.train import state as state_lib
+from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import step as step_lib
-from tests.train.common import random_batch, tiny_config, tiny_state
+from data_prep import packing
+from tests.train.common import PREDICTIONS, random_batch, tiny_config, tiny_state
 
 
 @pytest.fixture(scope="module")
@@ -124,3 +126,67 @@ def test_dropout_key_depends_on_the_step():
     outs = [np.asarray(logits(s)) for s in (0, 1, 0)]
     assert not np.allclose(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
+
+
+PACKED_LENGTH, K = 48, 3
+
+
+def _packed(batch, sizes):
+    inst = dict(batch, next_sentence_labels=batch["next_sentence_labels"][:, 0])
+    slots = K * PREDICTIONS  # random_batch draws up to 4 predictions whatever the length
+    inst = {k: (np.pad(v, ((0, 0), (0, PACKED_LENGTH - v.shape[1])))
+                if k in ("input_ids", "input_mask", "segment_ids") else v)
+            for k, v in inst.items()}
+    return packing.pack_rows(inst, sizes, K, slots)
+
+
+def test_a_packed_batch_gives_the_unpacked_losses_through_the_train_step(setup):
+    """The same sequences packed three, two and one to a row (issue 19): the losses,
+    accuracies and gradient norm of the step on them unpacked; the same real work counted
+    (input_stats), which the loop turns into real-token throughput, MFU and padding."""
+    unpacked = random_batch(5, 8)             # 8 sequences of 8-16 tokens in rows of 16
+    packed = _packed(unpacked, [3, 3, 2])     # the same in 3 rows of 48
+    assert packed["input_mask"].sum() == unpacked["input_mask"].sum()
+    rng = jax.random.key(1)
+    _, want = setup["one"](setup["fresh"](), unpacked, rng)
+    _, got = setup["one"](setup["fresh"](), packed, rng)
+    want, got = step_lib.host_metrics(want), step_lib.host_metrics(got)
+    for key in ("train/loss", "train/mlm_loss", "train/mlm_acc", "train/nsp_loss",
+                "train/nsp_acc", "train/grad_norm"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, err_msg=key)
+    lengths = unpacked["input_mask"].sum(1)
+    real = {"input/tokens": lengths.sum(), "input/sequences": 8,
+            "input/square_lengths": (lengths ** 2).sum(),
+            "input/predictions": unpacked["masked_lm_weights"].sum()}
+    for key, value in real.items():  # the same real work, whatever the rows
+        assert got[key] == want[key] == value, key
+
+    config = state_lib.model_config(tiny_config())
+    perf = {name: metrics_lib.real_token_metrics(
+        stats, rows=rows, seq_len=length, config=config, step_time=0.5,
+        peak_per_device=1e12) for name, stats, rows, length in (
+            ("unpacked", want, 8, 16), ("packed", got, 3, PACKED_LENGTH))}
+    assert perf["packed"]["data/padding_fraction"] == pytest.approx(
+        1 - lengths.sum() / (3 * PACKED_LENGTH))
+    assert perf["unpacked"]["data/padding_fraction"] == pytest.approx(1 - lengths.sum() / 128)
+    assert perf["packed"]["data/sequences_per_row"] == pytest.approx(8 / 3)
+    # Equal work in equal time: equal real-token rates and MFU (the FLOPs of the sequences).
+    for key in ("perf/real_tokens_per_s", "perf/real_mfu"):
+        assert perf["packed"][key] == pytest.approx(perf["unpacked"][key])
+    assert perf["packed"]["perf/real_tokens_per_s"] == pytest.approx(lengths.sum() / 0.5)
+    flops = metrics_lib.model_flops(config, lengths.sum(), (lengths ** 2).sum(), 8,
+                                    real["input/predictions"])
+    assert perf["packed"]["perf/real_mfu"] == pytest.approx(flops / 0.5 / 1e12)
+
+
+def test_real_model_flops_by_hand():
+    """H 32, I 64, 2 layers, vocab 128: one sequence of 10 tokens with 2 predictions."""
+    config = state_lib.model_config(tiny_config())
+    h, i, v = 32, 64, 128
+    layer = 10 * (2 * h * 3 * h + 2 * h * h + 4 * h * i) + 4 * 100 * h
+    forward = 2 * layer + 2 * h * h + 2 * (2 * h * h + 2 * h * v) + 4 * h
+    assert metrics_lib.model_flops(config, 10, 100, 1, 2) == 3 * forward
+    assert metrics_lib.model_flops_per_example(config, 10, 2) == 3 * forward
+    # Two sequences of 5 cost less attention than one of 10 (25 + 25 against 100).
+    assert metrics_lib.model_flops(config, 10, 50, 2, 2) == 3 * (
+        forward - 2 * 4 * 50 * h + 2 * h * h + 4 * h)

@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from bert_jax.data.checks import DataCheckError
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.train import data as data_lib
 from tests.conftest import REPO
@@ -81,6 +82,38 @@ def test_too_few_documents_for_a_held_out_set_and_bad_globs(tmp_path):
                                                 r"'.*/nothing\*.txt'"):
         data_lib.make_train_data(_config(f"{tmp_path}/small.txt,{tmp_path}/nothing*.txt"),
                                  str(tmp_path / "run"))
+
+
+def test_text_files_with_pack_train_on_packed_rows_and_evaluate_unpacked(tmp_path):
+    """data.pack (issue 19): the training TFRecords hold packed rows (data_prep --pack), the
+    held-out ones stay unpacked; a packed build has a directory of its own."""
+    (tmp_path / "t.txt").write_text("\n\n".join(_documents(45)) + "\n", encoding="utf-8")
+    config = _config(str(tmp_path / "t.txt"))
+    config.data.max_seq_length, config.data.max_predictions_per_seq = 48, 7
+    config.data.pack, config.data.max_sequences_per_pack = True, 2
+    source = data_lib.make_train_data(config, str(tmp_path / "run"))
+    [built] = (tmp_path / "run" / "text_data").iterdir()
+    assert built.name.startswith("len48_pred7_pack2_")
+    batch = next(source)
+    assert batch["masked_lm_ids"].shape == (8, 9) and batch["next_sentence_labels"].shape == (8, 2)
+    assert (batch["input_mask"] == (batch["sequence_ids"] > 0)).all()
+    from bert_jax.data import inspect as doctor
+    r = doctor.report(config.data.train_files, num_records=2000)
+    assert r["problems"] == [] and r["max_sequences_per_pack"] == 2
+    assert r["sequences_per_row"] > 1  # some rows hold two sequences
+    eval_batch = next(iter(data_lib.make_eval_data(config, str(tmp_path / "run"))))
+    assert "sequence_ids" not in eval_batch and eval_batch["masked_lm_ids"].shape[1] == 7
+
+    # data.pack with TFRecords of one's own (unpacked): one line saying what to do.
+    config = _config("")
+    config.data.train_files, config.data.pack = str(built / "../../eval-like.tfrecord"), True
+    (tmp_path / "run" / "eval-like.tfrecord").write_bytes(
+        (built / "eval.tfrecord").read_bytes())
+    config.data.max_seq_length, config.data.max_predictions_per_seq = 48, 7
+    config.data.vocab_file = data_lib.SAMPLE_VOCAB
+    with pytest.raises(DataCheckError, match=r"config.data.pack=True, but data.train_files "
+                                             r".*eval-like.tfrecord hold unpacked rows"):
+        data_lib.make_train_data(config, str(tmp_path / "run"))
 
 
 def test_the_run_trains_and_records_its_vocabulary(tmp_path):
