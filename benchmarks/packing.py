@@ -76,7 +76,6 @@ def corpus_rows(seq: int, preds: int, pack: int, dupe_factor: int) -> dict:
 def compare(config, seq: int, batch: int, k: int) -> dict:
     """Alternated steps on unpacked and packed rows of length seq; returns the figures."""
     import jax
-    import numpy as np
 
     from bert_jax import optim
     from bert_jax import sharding as sharding_lib
