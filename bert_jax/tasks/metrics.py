@@ -1,17 +1,21 @@
 """Host-side (numpy) metrics of sentence and pair tasks: accuracy, F1, Matthews correlation,
 Pearson and Spearman correlation, and the GLUE metric set of each task.
 
-Written by hand rather than imported from scikit-learn / scipy so that the runtime does not
-depend on them; tests/tasks/test_metrics.py checks every function against both libraries,
-edge cases included (single-class MCC, no positive predictions, ties, constant inputs).
-All functions take 1-D arrays of equal length and return Python floats.
+Accuracy, F1 and MCC are a few lines each and written here (scikit-learn is a test-only
+dependency); Pearson and Spearman come from scipy.stats (installed with jax), whose NaN and
+constant-input rules they keep. tests/tasks/test_metrics.py checks every function against
+scikit-learn / scipy, edge cases included (single-class MCC, no positive predictions, ties,
+constant inputs, NaN predictions). All functions take 1-D arrays of equal length and return
+Python floats.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
+from scipy import stats
 
 
 def _check(labels, preds, name: str):
@@ -60,36 +64,27 @@ def matthews_corrcoef(labels, preds) -> float:
     return float(cov_tp / np.sqrt(cov_tt * cov_pp))
 
 
+def _correlation(fn, x, y, name: str) -> float:
+    x, y = _check(x, y, name)
+    if x.size < 2:
+        return float("nan")  # one pair is constant on both sides (scipy's pearsonr raises)
+    with warnings.catch_warnings():
+        # A constant input gives NaN, the documented result; scipy also warns about it.
+        warnings.simplefilter("ignore", stats.ConstantInputWarning)
+        # float64: scipy computes in the input dtype, and STS-B predictions are float32.
+        return float(fn(x.astype(np.float64), y.astype(np.float64)).statistic)
+
+
 def pearson(x, y) -> float:
-    """Pearson correlation; NaN when either input is constant (as scipy.stats.pearsonr)."""
-    x, y = _check(x, y, "pearson")
-    x = x.astype(np.float64) - np.mean(x, dtype=np.float64)
-    y = y.astype(np.float64) - np.mean(y, dtype=np.float64)
-    denom = np.sqrt(np.sum(x * x) * np.sum(y * y))
-    if denom == 0.0:
-        return float("nan")
-    return float(np.clip(np.sum(x * y) / denom, -1.0, 1.0))
-
-
-def rankdata(x) -> np.ndarray:
-    """Ranks 1..n, ties get the mean of the ranks they span (scipy's method='average')."""
-    x = np.asarray(x)
-    order = np.argsort(x, kind="mergesort")
-    sorted_x = x[order]
-    # Start index of each run of equal values, and the average rank of the run.
-    starts = np.flatnonzero(np.r_[True, sorted_x[1:] != sorted_x[:-1]])
-    ends = np.r_[starts[1:], len(x)]
-    avg = (starts + ends + 1) / 2.0  # mean of ranks starts+1 .. ends
-    run_of = np.repeat(np.arange(len(starts)), ends - starts)
-    ranks = np.empty(len(x), np.float64)
-    ranks[order] = avg[run_of]
-    return ranks
+    """scipy.stats.pearsonr: NaN when either input is constant or holds a NaN (so a
+    diverged regression run shows NaN, not a plausible score)."""
+    return _correlation(stats.pearsonr, x, y, "pearson")
 
 
 def spearman(x, y) -> float:
-    """Spearman rank correlation = Pearson of the tie-averaged ranks (scipy.stats.spearmanr)."""
-    x, y = _check(x, y, "spearman")
-    return pearson(rankdata(x), rankdata(y))
+    """scipy.stats.spearmanr (ties get the mean rank): NaN when either input is constant
+    or holds a NaN (nan_policy="propagate"), rather than ranking a NaN above every number."""
+    return _correlation(stats.spearmanr, x, y, "spearman")
 
 
 # --- GLUE ---------------------------------------------------------------------------------

@@ -1,16 +1,29 @@
-"""Entity-level precision / recall / F1 for NER, with the semantics of conlleval and of
-seqeval's default (non-strict) mode, so IOB1 (CoNLL-2003 as distributed), IOB2 (B- at every
-entity start) and IOBES tags all score the same way:
+"""Entity-level precision / recall / F1 for NER, with the semantics of seqeval's default
+(non-strict) mode, so IOB1 (CoNLL-2003 as distributed), IOB2 (B- at every entity start) and
+IOBES tags of the same entities all score the same way; on IOB1 / IOB2 tags these are also
+conlleval's:
 
   * an entity starts at B-X / S-X, or at I-X / E-X whose previous tag is O, E-*, S-*, or of
     another type (this is what makes IOB1 work: I-X after O opens an entity);
   * an entity ends before O, B-*, S-*, a tag of another type, or after E-* / S-*.
 
+conlleval.pl was written for IOB / IOE chunk tags: it has no S- rules and no rule that
+ends an entity at E-X B-X, so it reads S-X S-X and E-X B-X as one phrase (two here).
+
+A tag without a B-/I-/E-/S- prefix ("PER") is read here as I-PER (the IO scheme: a run of
+one such tag is one entity). Neither reference does that, and they disagree. conlleval.pl
+(and spyysalo's conlleval.py port) splits a tag at its first "-", else takes the whole tag
+as the chunk tag with an empty type, the type of O: a bare tag after O or after another
+bare tag opens nothing, and after a typed tag it opens a phrase of empty type that O does
+not close (sighsmile's conlleval.py port stops with an unpacking error). seqeval warns
+"PER seems not to be NE tag." and splits off the first letter (prefix "P", type "ER").
+Scores of a bare-tag label set are therefore this module's alone.
+
 `strict=True` follows seqeval's strict IOB2 mode instead: only a B-X opens an entity, an
 I-X continues only a B-X/I-X of the same type, and a stray I-X is not an entity.
 
 Hand-written (about 60 lines) so that the runtime needs no seqeval; the tests compare with
-seqeval on fixtures and random tag sequences.
+seqeval on fixtures and random tag sequences, and with conlleval.pl's rules re-stated.
 """
 
 from __future__ import annotations
@@ -25,7 +38,7 @@ def _split(tag: str) -> tuple[str, str]:
         return "O", ""
     prefix, sep, kind = tag.partition("-")
     if not sep or prefix not in ("B", "I", "E", "S"):
-        # A bare type (no prefix) is read as I-type, as conlleval does.
+        # No B/I/E/S prefix: the whole tag is the type, read as I- (see the module docstring).
         return "I", tag
     return prefix, kind
 

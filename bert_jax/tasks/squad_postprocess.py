@@ -5,16 +5,21 @@ Per example, over all its doc_stride windows:
   * candidates: the n_best_size highest start and end logits of each window; kept if both
     are context tokens, the start has its max context in this window, start <= end and the
     span is at most max_answer_length tokens;
-  * score = start_logit + end_logit; the null score is the lowest [CLS] start+end over
-    windows (v2); the n-best list is deduplicated by text, probabilities = softmax of scores;
-  * v2: score_diff = null score - best non-null score goes to null_odds.json, and the
-    prediction is "" when score_diff > null_score_diff_threshold.
+  * score = start_logit + end_logit, added as Python floats (float64) from the float32
+    logits, as run_squad.py does: a float32 sum rounds off differences below about 6e-8 of
+    the score, which can tie or reorder near-equal spans that the original ranks apart;
+  * the null score is the lowest [CLS] start+end over windows (v2); the n-best list is
+    deduplicated by text, probabilities = softmax of scores (run_squad.py's
+    _compute_softmax);
+  * v2: score_diff = null score - start_logit - end_logit of the best non-null answer goes
+    to null_odds.json, and the prediction is "" when score_diff > null_score_diff_threshold.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -46,17 +51,17 @@ def postprocess(examples: Sequence[SquadExample], features: Mapping[str, np.ndar
             cs, ce = features["char_start"][row], features["char_end"][row]
             mc = features["max_context"][row]
             if version_2:
-                score = float(s_log[0] + e_log[0])
-                if null_score is None or score < null_score:
-                    null_score, null_start, null_end = score, float(s_log[0]), float(e_log[0])
+                sl, el = float(s_log[0]), float(e_log[0])
+                if null_score is None or sl + el < null_score:
+                    null_score, null_start, null_end = sl + el, sl, el
             for s in _top(s_log, n_best_size):
                 if cs[s] < 0 or not mc[s]:
                     continue
                 for e in _top(e_log, n_best_size):
                     if ce[e] < 0 or e < s or e - s + 1 > max_answer_length:
                         continue
-                    candidates.append((float(s_log[s] + e_log[e]), float(s_log[s]),
-                                       float(e_log[e]), int(cs[s]), int(ce[e])))
+                    sl, el = float(s_log[s]), float(e_log[e])
+                    candidates.append((sl + el, sl, el, int(cs[s]), int(ce[e])))
         if null_score is not None:  # the [CLS] "no answer" competes as a candidate
             candidates.append((null_score, null_start, null_end, -1, -1))
         candidates.sort(key=lambda c: -c[0])
@@ -77,9 +82,10 @@ def postprocess(examples: Sequence[SquadExample], features: Mapping[str, np.ndar
             # No window had a valid span (e.g. an empty context): the original's fallback.
             nbest = [{"text": "empty" if not version_2 else "", "start_logit": 0.0,
                       "end_logit": 0.0, "score": 0.0}]
-        scores = np.array([x["score"] for x in nbest], np.float64)
-        probs = np.exp(scores - scores.max())
-        probs /= probs.sum()
+        top = max(x["score"] for x in nbest)
+        exps = [math.exp(x["score"] - top) for x in nbest]
+        total = sum(exps)
+        probs = [x / total for x in exps]
         nbest_json[ex.qid] = [{"text": x["text"], "probability": float(p),
                                "start_logit": x["start_logit"], "end_logit": x["end_logit"]}
                               for x, p in zip(nbest, probs)]
@@ -91,8 +97,9 @@ def postprocess(examples: Sequence[SquadExample], features: Mapping[str, np.ndar
             predictions[ex.qid] = ""
             null_odds[ex.qid] = float("inf") if null_score is None else 0.0
             continue
-        diff = (null_score if null_score is not None else -np.inf) - best_non_null["score"]
-        null_odds[ex.qid] = float(diff)
+        diff = ((null_score if null_score is not None else -math.inf)
+                - best_non_null["start_logit"] - best_non_null["end_logit"])
+        null_odds[ex.qid] = diff
         predictions[ex.qid] = "" if diff > null_score_diff_threshold else best_non_null["text"]
     return predictions, nbest_json, null_odds
 

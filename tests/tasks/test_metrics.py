@@ -1,5 +1,10 @@
 """Sentence / pair metrics agree with scikit-learn and scipy, edge cases included."""
 
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -73,7 +78,6 @@ def test_correlations_match_scipy_with_ties():
             continue
         assert metrics.pearson(x, y) == pytest.approx(stats.pearsonr(x, y)[0], abs=1e-10)
         assert metrics.spearman(x, y) == pytest.approx(stats.spearmanr(x, y)[0], abs=1e-10)
-        np.testing.assert_allclose(metrics.rankdata(x), stats.rankdata(x))
 
 
 def test_constant_input_correlation_is_nan_like_scipy():
@@ -81,6 +85,46 @@ def test_constant_input_correlation_is_nan_like_scipy():
     with pytest.warns(Warning):
         ref = stats.pearsonr(x, y)[0]
     assert np.isnan(ref) and np.isnan(metrics.pearson(x, y)) and np.isnan(metrics.spearman(x, y))
+
+
+def test_constant_input_is_nan_without_warning_or_global_filter():
+    # The float64 mean of [0.1] * 3 is not 0.1: deviations of ~1e-17 are not zero, and a
+    # hand-written Pearson returned 0.0 here. scipy checks for a constant array first.
+    x, y = [1.0, 2.0, 3.0], [0.1] * 3
+    with pytest.warns(stats.ConstantInputWarning):
+        assert np.isnan(stats.pearsonr(x, y).statistic)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning that escaped would raise here
+        for a, b in ((x, y), (y, x)):
+            assert np.isnan(metrics.pearson(a, b)) and np.isnan(metrics.spearman(a, b))
+    # Suppressed around the call only: neither importing the module nor calling it leaves a
+    # filter installed (a fresh process: pytest resets the filters an import sets).
+    code = ("import warnings, scipy.stats as st; from bert_jax.tasks import metrics; "
+            "metrics.pearson([1.0, 2.0, 3.0], [0.1] * 3); "
+            "assert not [f for f in warnings.filters if f[2] is st.ConstantInputWarning]")
+    subprocess.run([sys.executable, "-c", code], check=True,
+                   cwd=Path(__file__).resolve().parents[2])
+
+
+def test_nan_prediction_gives_nan():
+    labels = np.array([0.0, 1.0, 2.5, 5.0])
+    preds = np.array([0.1, 0.9, np.nan, 4.0])  # e.g. a diverged regression head
+    assert np.isnan(stats.spearmanr(labels, preds).statistic)
+    # Ranking the NaN as the largest value (ranks 1, 2, 4, 3) would give rho = 0.8.
+    assert np.isnan(metrics.spearman(labels, preds))
+    assert np.isnan(metrics.pearson(labels, preds))
+    stsb = metrics.glue_metrics("stsb", labels, preds)
+    assert np.isnan(stsb["spearman"]) and np.isnan(stsb["pearson"]) and np.isnan(stsb["score"])
+
+
+def test_correlations_in_float64_and_of_one_pair():
+    rng = np.random.default_rng(2)
+    x, y = rng.normal(size=(2, 40)).astype(np.float32)
+    want = stats.pearsonr(x.astype(np.float64), y.astype(np.float64)).statistic
+    assert metrics.pearson(x, y) == pytest.approx(want, abs=1e-14)
+    assert stats.pearsonr(x, y).statistic != pytest.approx(want, abs=1e-14)  # float32 math
+    # One pair is constant on both sides: NaN (scipy's pearsonr raises on fewer than two).
+    assert np.isnan(metrics.pearson([1.0], [2.0])) and np.isnan(metrics.spearman([1.0], [2.0]))
 
 
 def test_glue_metric_sets():

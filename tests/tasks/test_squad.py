@@ -119,6 +119,43 @@ def test_v2_threshold_and_null_odds(tok):
         assert any(x["text"] == "" for x in nbest["q"])  # null always listed in v2
 
 
+def test_span_scores_add_in_float64_as_run_squad(tok):
+    """run_squad.py adds start and end logits as Python floats. Two spans that tie in float32
+    (both 1.0) are apart in float64: France 1 + 2**-40 beats Spain 1.0, which comes first
+    in candidate order and so won the float32 tie."""
+    context = "France borders Spain."
+    ex = SquadExample("q", "Which country?", context, (("Spain", context.index("Spain")),))
+    f = squad_features.convert_examples([ex], tok, 32, 8, 8, is_training=False)
+
+    def span(word):
+        c0 = context.index(word)
+        (a,) = np.flatnonzero(f["char_start"][0] == c0)
+        (b,) = np.flatnonzero(f["char_end"][0] == c0 + len(word))
+        return a, b
+
+    s = np.full(f["input_ids"].shape, -10.0, np.float32)
+    e = np.full(f["input_ids"].shape, -10.0, np.float32)
+    (fa, fb), (sa, sb) = span("France"), span("Spain")
+    assert fb < sa  # France ends before Spain starts: (Spain start, France end) is no span
+    s[0, sa], e[0, sb] = 1.0, 0.0
+    s[0, fa], e[0, fb] = 1 - 2**-24, 2**-24 + 2**-40  # exact in float32
+    assert float(s[0, fa]) + float(e[0, fb]) == 1 + 2**-40
+    assert s[0, fa] + e[0, fb] == np.float32(1.0)  # the float32 sum rounds to the tie
+    preds, nbest, _ = squad_postprocess.postprocess([ex], f, s, e, version_2=False)
+    assert preds["q"] == "France"
+    assert [x["text"] for x in nbest["q"][:2]] == ["France", "Spain"]
+    # v2: null score 1 + 2**-24 (1.0 in float32) beats France by 2**-24 - 2**-40, computed
+    # as run_squad.py's score_null - start_logit - end_logit.
+    s[0, 0], e[0, 0] = 1.0, 2**-24
+    preds, nbest, odds = squad_postprocess.postprocess([ex], f, s, e, version_2=True)
+    assert odds["q"] == (1 + 2**-24) - (1 - 2**-24) - (2**-24 + 2**-40) == 2**-24 - 2**-40
+    assert preds["q"] == ""
+    assert [x["text"] for x in nbest["q"][:3]] == ["", "France", "Spain"]
+    preds, _, _ = squad_postprocess.postprocess([ex], f, s, e, version_2=True,
+                                                null_score_diff_threshold=1e-7)
+    assert preds["q"] == "France"
+
+
 def test_span_loss_by_hand():
     rng = np.random.default_rng(0)
     s, e = rng.normal(size=(3, 7)).astype(np.float32), rng.normal(size=(3, 7)).astype(np.float32)

@@ -62,6 +62,52 @@ def test_evaluate_v2_threshold_and_splits():
     assert out["best_exact"] == pytest.approx(75.0) and out["best_exact_thresh"] == 0.1
 
 
+def test_evaluate_v1_scores_every_occurrence_of_a_repeated_id():
+    # evaluate-v1.1.py walks the qas and counts each, against that occurrence's answers:
+    # q#1 EM 1, r EM 1, q#2 ("Paris" vs "Rome") 0, m twice missing -> 0; total 5.
+    data = _dataset([("q", ["Paris"]), ("r", ["1066"]), ("q", ["Rome"]), ("m", ["x"]),
+                     ("m", ["x"])])
+    out = sm.evaluate_v1(data, {"q": "Paris", "r": "1066"})
+    assert out["total"] == 5 and out["missing"] == 2
+    assert out["exact_match"] == pytest.approx(100 * 2 / 5)
+    assert out["f1"] == pytest.approx(100 * 2 / 5)
+
+
+def test_evaluate_v2_scores_a_repeated_id_once_with_its_last_answers():
+    # evaluate-v2.0.py keys qid_to_has_ans and the raw scores by id: the last "q" wins.
+    data = _dataset([("q", ["Paris"]), ("r", ["1066"]), ("q", ["Rome"])])
+    out = sm.evaluate_v2(data, {"q": "Paris", "r": "1066"})
+    assert out["total"] == 2 and out["exact"] == pytest.approx(50.0)
+    assert out["HasAns_total"] == 2
+
+
+def test_evaluate_v2_needs_every_prediction_and_na_prob():
+    # evaluate-v2.0.py skips "q2" in get_raw_scores, then make_eval_dict's HasAns split
+    # looks it up: KeyError, no score. Same for a na_prob missing in apply_no_ans_threshold.
+    data = _dataset([("q1", ["Paris"]), ("q2", ["Rome"])])
+    with pytest.raises(ValueError, match=r"1 of 2 question\(s\) have no prediction \('q2'\)"):
+        sm.evaluate_v2(data, {"q1": "Paris"})
+    with pytest.raises(ValueError, match=r"1 of 2 question\(s\) have no na_prob \('q1'\)"):
+        sm.evaluate_v2(data, {"q1": "Paris", "q2": "Rome"}, {"q2": 0.5})
+    with pytest.raises(ValueError, match="no prediction"):
+        sm.evaluate(data, {"q2": "Rome"}, "2.0")
+
+
+def test_best_threshold_ties_follow_the_na_prob_order():
+    # find_best_thresh: start at the no-answer count (1), walk
+    # sorted(na_probs, key=na_probs.get), a stable sort over na_probs' own key order.
+    # h: has answer, right (+1); n: no answer but answered "London" (-1).
+    data = _dataset([("h", ["Paris"]), ("n", [])])
+    preds = {"h": "Paris", "n": "London"}
+    # Order n, h: 1 -> 0 -> 1, never above 1: best 1 of 2 at the initial threshold 0.0.
+    out = sm.evaluate_v2(data, preds, {"n": 0.5, "h": 0.5})
+    assert out["best_exact"] == pytest.approx(50.0) and out["best_exact_thresh"] == 0.0
+    assert out["best_f1"] == pytest.approx(50.0) and out["best_f1_thresh"] == 0.0
+    # Order h, n: 1 -> 2 (best, at h's 0.5) -> 1.
+    out = sm.evaluate_v2(data, preds, {"h": 0.5, "n": 0.5})
+    assert out["best_exact"] == pytest.approx(100.0) and out["best_exact_thresh"] == 0.5
+
+
 def test_evaluate_v2_empty_gold_texts_count_as_no_answer():
     data = _dataset([("q", ["the", "."])])  # both normalize to "" -> unanswerable gold [""]
     assert sm.evaluate_v2(data, {"q": ""})["exact"] == 100.0
