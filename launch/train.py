@@ -13,6 +13,9 @@ r"""Pre-train BERT: one command from a CPU to a TPU pod.
         --config.train.init_checkpoint=<model dir> --config.task.train_file=train.csv \
         --config.task.dev_file=val.csv
 
+Runs the installed bert_jax and data_prep packages (`python -m pip install -e .` in a
+checkout, as the README's quick start does), never a copy found through this file's folder.
+
 The config is a plain Python file (configs/*.py) whose sections are documented in
 bert_jax/train/config.py; `--config.section.key=value` overrides, and an unknown key is an
 error. Restarting the same command resumes from WORKDIR/checkpoints. SIGTERM saves and
@@ -28,10 +31,6 @@ e.g. SLURM).
 from __future__ import annotations
 
 import os
-import sys
-
-if __package__ in (None, ""):  # run as a script from a checkout: make bert_jax importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

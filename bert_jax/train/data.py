@@ -6,9 +6,9 @@ checked against the config before anything compiles; make_eval_data(config, work
 fresh iterable of host eval batches, or None without eval files.
 
 With `data.source="tfrecord"` and no `data.train_files`, TFRecords are built once from raw
-text by data_prep/create_pretraining_data.py with the config's lengths: from
+text by data_prep.create_pretraining_data, in process, with the config's lengths: from
 `data.text_files` (your own text, in the original input format: one sentence per line, a
-blank line between documents) or else from the sample corpus in data_prep/sample_corpus (the
+blank line between documents) or else from the sample corpus data_prep ships (the
 quick start). Every 20th document is held out for evaluation. With `data.pack=True` the
 training files hold packed rows (data_prep --pack, up to data.max_sequences_per_pack
 sequences per row); the held-out files stay unpacked, so evaluation compares with unpacked
@@ -26,8 +26,6 @@ import glob
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 
 import jax
@@ -35,13 +33,11 @@ from etils import epath
 
 from bert_jax import paths
 from bert_jax.data.checks import DataCheckError, files_named
+from bert_jax.errors import UserError
+from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB  # package data of the installed data_prep
+from data_prep import create_pretraining_data as cpd
+from data_prep.paths import TEXT_FORMAT
 
-# The raw text format (data_prep.paths.TEXT_FORMAT; bert_jax does not import data_prep).
-TEXT_FORMAT = "UTF-8 text, one sentence per line, a blank line between documents"
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SAMPLE_CORPUS = os.path.join(REPO, "data_prep", "sample_corpus")
-SAMPLE_VOCAB = os.path.join(REPO, "data_prep", "bert_uncased_vocab.txt")
 HELD_OUT_EVERY = 20   # documents; the eval split of the sample corpus
 SAMPLE_DUPE_FACTOR = 5
 SAMPLE_SHARDS = 4
@@ -125,12 +121,6 @@ def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int, li
     return len(train), len(held), blank
 
 
-def _tool_said(stderr: str, kind: str) -> list[str]:
-    """The "create_pretraining_data: <kind>: ..." lines of its stderr, without the prefix."""
-    prefix = f"create_pretraining_data: {kind}: "
-    return [line[len(prefix):] for line in stderr.splitlines() if line.startswith(prefix)]
-
-
 def _text_corpus(spec: str) -> list[str]:
     files: list[str] = []
     for pattern in (p.strip() for p in spec.split(",") if p.strip()):
@@ -149,15 +139,15 @@ def _stamp(path: str) -> tuple:
     return os.path.getsize(path), os.path.getmtime(path)
 
 
-def pack_flags(config) -> list[str]:
-    """data_prep's flags for the training files of `data.pack` (empty: unpacked)."""
+def pack_options(config) -> dict:
+    """data_prep's options for the training files of `data.pack` (empty: unpacked)."""
     if not config.data.get("pack", False):
-        return []
+        return {}
     k = int(config.data.get("max_sequences_per_pack", 3))
     if k < 1:
         raise DataCheckError(f"config.data.max_sequences_per_pack={k}: expected >= 1 with "
                              f"data.pack=True (the most sequences a packed row holds)")
-    return ["--pack", f"--max_sequences_per_pack={k}"]
+    return {"pack": True, "max_sequences_per_pack": k}
 
 
 def build_text_data(config, workdir: str) -> tuple[str, str]:
@@ -166,7 +156,7 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
     reused."""
     seq, pred = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     vocab, lower = config.data.vocab_file, bool(config.data.get("do_lower_case", True))
-    pack = pack_flags(config)
+    pack = pack_options(config)
     tag = f"len{seq}_pred{pred}" + (f"_pack{config.data.max_sequences_per_pack}" if pack else "")
     spec = config.data.get("text_files", "")
     if spec:
@@ -201,35 +191,31 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
                   f"{files_named(blank)}", flush=True)
         print(f"no data.train_files: building TFRecords from {what} ({n_train} train / "
               f"{n_eval} held-out documents) into {out}", flush=True)
-        vocab_flag = (f"--spm_model_file={vocab}" if vocab.endswith(".model")
-                      else f"--vocab_file={vocab}")
+        vocab_option = ({"spm_model_file": vocab} if vocab.endswith(".model")
+                        else {"vocab_file": vocab})
         outputs = [("train", text_train, os.path.join(build_dir, "train-{shard:03d}.tfrecord"),
                     SAMPLE_SHARDS)] + ([("eval", text_eval, os.path.join(
                         build_dir, "eval.tfrecord"), 1)] if n_eval else [])
+        # In this process: data_prep's errors arrive as exceptions. Its 2 worker processes
+        # are spawned, never forked: pipeline.run forks only while none of JAX, TensorFlow
+        # or torch is loaded (their threads do not survive a fork), and this module has
+        # imported jax.
         for name, text, output, shards in outputs:
-            cmd = [sys.executable, os.path.join(REPO, "data_prep", "create_pretraining_data.py"),
-                   f"--input_file={text}", f"--output_file={output}",
-                   f"--num_output_shards={shards}", vocab_flag,
-                   "--do_lower_case" if lower else "--nodo_lower_case",
-                   f"--max_seq_length={seq}",
-                   f"--max_predictions_per_seq={pred}", "--masked_lm_prob=0.15",
-                   f"--dupe_factor={SAMPLE_DUPE_FACTOR}",
-                   f"--random_seed={12345 if name == 'train' else 54321}",
-                   "--num_workers=2", "--noprogress"] + (pack if name == "train" else [])
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            errors = _tool_said(result.stderr, "error")
-            if result.returncode == 2 and name == "eval":  # held-out text with no token:
-                print(f"warning: {what}: no evaluation data: {'; '.join(errors)}",
-                      flush=True)                          # train without evaluation
-                break
-            if result.returncode == 2:  # the input, not the tool: one line, no traceback
-                raise DataCheckError(f"building TFRecords from {what}: "
-                                     + "; ".join(errors or [result.stderr.strip()[-500:]]))
-            if result.returncode:
-                raise RuntimeError(f"building TFRecords from {what} failed "
-                                   f"({' '.join(cmd)}):\n{result.stderr[-4000:]}")
+            options = cpd.Options(
+                input_file=text, output_file=output, num_output_shards=shards,
+                do_lower_case=lower, max_seq_length=seq, max_predictions_per_seq=pred,
+                masked_lm_prob=0.15, dupe_factor=SAMPLE_DUPE_FACTOR,
+                random_seed=12345 if name == "train" else 54321, num_workers=2,
+                progress=False, **vocab_option, **(pack if name == "train" else {}))
+            try:
+                result = cpd.create(options)
+            except UserError as e:  # the input, not the tool: one line, no traceback
+                if name == "eval":  # held-out text with no token: train without evaluation
+                    print(f"warning: {what}: no evaluation data: {e}", flush=True)
+                    break
+                raise DataCheckError(f"building TFRecords from {what}: {e}") from e
             if name == "train":  # e.g. most text is [UNK] (the held-out part says the same)
-                for warning in _tool_said(result.stderr, "warning"):
+                for warning in result.warnings:
                     print(f"warning: {what}: {warning}", flush=True)
         if remote:
             try:

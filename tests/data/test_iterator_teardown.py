@@ -54,7 +54,9 @@ def test_data_autotune_turns_the_model_back_on(tmp_path):
 def test_a_finished_run_exits_right_after_its_last_line(tmp_path):
     """On the code before data.autotune, this run's process lived on 34-38 s after its
     summary line (2 of 2 runs; the wait depends on where the model's sleep is)."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2")
+    # This checkout's packages, whatever is installed (launch/train.py imports the installed).
+    env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
         [sys.executable, "launch/train.py", "--config=configs/bert_tiny.py",
          f"--workdir={tmp_path / 'wd'}", "--config.train.steps=600"],

@@ -1,5 +1,5 @@
 """`data.text_files`: pre-training straight from raw text. launch/train.py makes TFRecords of
-it once (data_prep/create_pretraining_data.py, the config's lengths and vocabulary, 1
+it once (data_prep.create_pretraining_data in process, the config's lengths and vocabulary, 1
 document in 20 held out), caches them in the workdir under a hash of the inputs, and trains
 on them; the quick start is the same path with the sample corpus."""
 
@@ -28,14 +28,21 @@ def _files(directory) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in directory.iterdir()}
 
 
-def test_text_files_become_tfrecords_once(tmp_path):
+def test_text_files_become_tfrecords_once(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     docs = _documents(45)
     (corpus / "a.txt").write_text("\n\n".join(docs[:30]) + "\n", encoding="utf-8")
     (corpus / "b.txt").write_text("\n\n".join(docs[30:]) + "\n", encoding="utf-8")
     config = text_config(f"{corpus}/a.txt, {corpus}/b*.txt")
+    # Built in this process, which runs JAX: data_prep's workers must be spawned, not forked.
+    from data_prep import pipeline
+    methods = []
+    get_context = pipeline.mp.get_context
+    monkeypatch.setattr(pipeline.mp, "get_context",
+                        lambda method=None: methods.append(method) or get_context(method))
     source = data_lib.make_train_data(config, str(tmp_path / "run"))
+    assert methods == ["spawn", "spawn"]  # the train part, then the held-out part
     built = next((tmp_path / "run" / "text_data").iterdir())
     assert built.name.startswith("len16_pred4_")
     assert config.data.train_files == str(built / "train-*.tfrecord")
@@ -181,7 +188,7 @@ def test_text_files_and_workdir_in_a_bucket(tmp_path, monkeypatch, own_tempdir):
                 assert (built / name).read_bytes() == open(os.path.join(local, name),
                                                            "rb").read(), name
         before = _files(built)
-        monkeypatch.setattr(data_lib.subprocess, "run", lambda *a, **k: 1 / 0)  # no rebuild
+        monkeypatch.setattr(data_lib.cpd, "create", lambda *a, **k: 1 / 0)  # no rebuild
         assert data_lib.build_text_data(config("gs://b/corpus/*.txt"), "gs://b/run") == (
             train, eval_file)
         assert _files(built) == before
