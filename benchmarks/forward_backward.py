@@ -17,7 +17,7 @@ from ml_collections import config_flags
 
 from bert_jax.models import BertForPreTraining, count_params
 from bert_jax.models.config import from_config_dict
-from bert_jax.tasks.pretraining import pretraining_loss
+from bert_jax.tasks.pretraining.loss import pretraining_loss
 from bert_jax.train.metrics import measure_matmul_flops, model_flops_per_example
 
 _CONFIG = config_flags.DEFINE_config_file("config", "configs/bert_base.py", "Run config.")

@@ -247,8 +247,8 @@ def child_jax(spec: dict, out: dict) -> dict:
     import jax
     import numpy as np
 
+    from bert_jax.models.config import from_config_dict
     from bert_jax.train import metrics as metrics_lib
-    from bert_jax.train import state as state_lib
     from pretrain_step import build, step_config
 
     dev = jax.devices()[0]
@@ -258,7 +258,7 @@ def child_jax(spec: dict, out: dict) -> dict:
                remat=config.model.get("remat", "none"),
                scan_layers=bool(config.model.get("scan_layers", False)),
                dropout_rng=config.model.get("dropout_rng", "?"))
-    mcfg = state_lib.model_config(config)
+    mcfg = from_config_dict(config.model)
     out["attention_resolved"], why = attention_route(config, mcfg, dev.platform)
     if why:
         out["attention_error"] = why
@@ -430,11 +430,11 @@ def child_check(spec: dict, out: dict) -> dict:
     import jax.numpy as jnp
 
     from bert_jax.models import attention_ops
-    from bert_jax.models.attention_ops import pallas_flash
+    from bert_jax.models.attention_ops import backend, pallas_flash
     from bert_jax.models.attention_ops import xla as xla_attention
     from bert_jax.models.dropout import Dropout
 
-    plat = attention_ops.platform_name(jax.devices()[0].platform)
+    plat = backend.platform_name(jax.devices()[0].platform)
     b, n, h, d = (2, 32, 2, 16) if spec.get("smoke") else (4, 128, 16, 64)
     rng = jax.random.PRNGKey(0)
     lengths = jnp.array([n, n - 37 % n, 5, 0][:b])

@@ -110,9 +110,9 @@ def main():
                     ("staticN", False, -2, False), ("dynamic", True, -1, False)):
                 cfg = pretrain.data_config(
                     train_files=pattern, max_seq_length=seq,
-                    max_predictions_per_seq=PREDICTIONS[seq], batch_size=args.batch,
+                    max_predictions_per_seq=PREDICTIONS[seq],
                     dynamic_masking=dynamic, read_threads=threads, autotune=tune)
-                rows.append((name, pretrain.train_iterator(cfg, process_index=0,
+                rows.append((name, pretrain.train_iterator(cfg, args.batch, process_index=0,
                                                            process_count=1)))
             top = None
             for name, it in rows:

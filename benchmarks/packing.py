@@ -81,6 +81,7 @@ def compare(config, seq: int, batch: int, k: int) -> dict:
     from bert_jax import sharding as sharding_lib
     from bert_jax.data import device as data_device
     from bert_jax.train import metrics as metrics_lib
+    from bert_jax.tasks.pretraining import PretrainingTask
     from bert_jax.train import state as state_lib
     from bert_jax.train import step as step_lib
 
@@ -89,12 +90,14 @@ def compare(config, seq: int, batch: int, k: int) -> dict:
         config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
     mesh = sharding_lib.make_mesh(config.mesh)
     rules = sharding_lib.rules_from_config(config.mesh)
-    model, mcfg = state_lib.create_model(config), state_lib.model_config(config)
+    task = PretrainingTask(config, "")
+    model, mcfg = task.model, task.model_config
     tx = optim.make_optimizer(config.optimizer, config.schedule, 1_000_000)
     schedule = optim.make_schedule(config.schedule, 1_000_000)
-    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq, preds)
+    _, shardings = state_lib.state_shardings(model, tx, mesh, rules,
+                                             state_lib.dummy_inputs(seq, preds))
     bsh = data_device.batch_sharding(mesh, rules)
-    fn = step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
+    fn = step_lib.jit_train_step(task, tx, schedule, shardings, bsh, rules,
                                  deterministic=bool(config.train.deterministic),
                                  keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
     rng = jax.device_put(jax.random.key(1), sharding_lib.replicated(mesh))
@@ -105,8 +108,8 @@ def compare(config, seq: int, batch: int, k: int) -> dict:
         n = len(rows["input_ids"]) // batch * batch
         host = [{f: v[i:i + batch] for f, v in rows.items()} for i in range(0, n, batch)]
         batches = [data_device.to_global(b, bsh) for b in host[:FLAGS.steps + FLAGS.warmup]]
-        state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), seq, preds,
-                                     shardings)
+        state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0),
+                                     state_lib.dummy_inputs(seq, preds), shardings)
         t = time.perf_counter()
         compiled = fn.lower(state, batches[0], rng).compile()
         runs[name] = dict(state=state, compiled=compiled, batches=batches, times=[],

@@ -43,6 +43,7 @@ def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: 
     from bert_jax import sharding as sharding_lib
     from bert_jax.data import device as data_device
     from bert_jax.data.synthetic import synthetic_batch
+    from bert_jax.tasks.pretraining import PretrainingTask
     from bert_jax.train import state as state_lib
     from bert_jax.train import step as step_lib
 
@@ -50,17 +51,18 @@ def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: 
         config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
     mesh = sharding_lib.make_mesh(config.mesh)
     rules = sharding_lib.rules_from_config(config.mesh)
-    model = state_lib.create_model(config)
-    mcfg = state_lib.model_config(config)
+    task = PretrainingTask(config, "")
+    model, mcfg = task.model, task.model_config
     tx = optim.make_optimizer(config.optimizer, config.schedule, 1_000_000)
     schedule = optim.make_schedule(config.schedule, 1_000_000)
-    _, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq, preds)
-    state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0), seq, preds,
-                                 shardings)
+    _, shardings = state_lib.state_shardings(model, tx, mesh, rules,
+                                             state_lib.dummy_inputs(seq, preds))
+    state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0),
+                                 state_lib.dummy_inputs(seq, preds), shardings)
     bsh = data_device.batch_sharding(mesh, rules)
     # As launch/train.py compiles it: with the default train.skip_nonfinite=False the step
     # has no select of old against new state (the loop stops on the flag instead).
-    fn = step_lib.jit_train_step(model, tx, schedule, shardings, bsh, rules,
+    fn = step_lib.jit_train_step(task, tx, schedule, shardings, bsh, rules,
                                  accum_steps=accum, deterministic=not dropout,
                                  keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
     gen = np.random.default_rng(0)

@@ -34,12 +34,13 @@ DECAYS = ("polynomial", "linear", "cosine", "constant")
 def make_schedule(schedule, total_steps: int) -> optax.Schedule:
     """Learning-rate schedule from a config's `schedule` section.
 
-    schedule.lr: peak learning rate; schedule.warmup_steps: linear ramp 0 -> lr;
+    schedule.lr: peak learning rate; schedule.warmup_steps: linear ramp 0 -> lr (< 0:
+    schedule.warmup_ratio of `total_steps`, rounded, as fine-tuning recipes give it);
     schedule.decay: polynomial | linear | cosine | constant over the remaining
     `total_steps - warmup_steps` steps down to schedule.end_lr (polynomial uses
     schedule.power; linear is polynomial with power 1, the paper's choice).
     """
-    lr, warmup = float(schedule.lr), int(schedule.warmup_steps)
+    lr, warmup = float(schedule.lr), warmup_steps(schedule, total_steps)
     end_lr = float(schedule.get("end_lr", 0.0))
     decay = schedule.get("decay", "linear")
     if decay not in DECAYS:
@@ -59,6 +60,18 @@ def make_schedule(schedule, total_steps: int) -> optax.Schedule:
     if warmup == 0:
         return after
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
+
+
+def warmup_steps(schedule, total_steps: int) -> int:
+    """schedule.warmup_steps, or (when negative) warmup_ratio x total_steps, rounded."""
+    steps = int(schedule.warmup_steps)
+    if steps >= 0:
+        return steps
+    ratio = float(schedule.get("warmup_ratio", 0.0))
+    if not 0.0 <= ratio <= 1.0:
+        raise ConfigError(f"config.schedule.warmup_ratio={ratio}: expected 0 <= ratio <= 1 "
+                          f"(with warmup_steps < 0)")
+    return int(round(ratio * total_steps))
 
 
 def _path_names(path) -> tuple[str, ...]:

@@ -8,6 +8,7 @@ the mesh axes `data`, `fsdp`, `tensor`.
 from __future__ import annotations
 
 from typing import Sequence
+from bert_jax.models.config import ConfigError
 
 # The one fixed vocabulary of logical axis names.
 LOGICAL_AXES = (
@@ -43,7 +44,6 @@ DEFAULT_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
 
 def _config_error(message: str) -> Exception:
     # bert_jax.models imports this module: its ConfigError is imported when raised.
-    from bert_jax.models.config import ConfigError
 
     return ConfigError(message)
 

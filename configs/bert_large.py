@@ -9,15 +9,9 @@ is the TPU setting.
 
 What each layer keeps for the backward pass is `model.remat=minimal_ffn` (models/encoder.py):
 Q, K, V, the attention context, the two LayerNorm inputs and the FFN pre-activation, in the
-compute dtype; LayerNorms, GELU, dropout masks and attention probabilities are recomputed.
-At batch 256 x 128 in bfloat16 the compiled step's temporaries are 19.4 GiB on an H100
-target, at 32 x 512 10.3 GiB: `python benchmarks/step_memory.py --config=configs/bert_large.py
---batch=256 --seq=128 --target=h100` (2026-11-24, jax 0.10.2). Before the named policies and
-the fused attention they were 66.9 and 51.4 GiB (no remat, XLA attention: out of memory at
-256 x 128 on an 80 GB card); remat=none with the Pallas attention needs 55.6 GiB (59.4 GiB
-peak), which fits one 80 GB GPU but no 32 GB TPU core. `--config.model.remat=minimal` keeps
-1 MiB less per example per layer (12.9 GiB) at the cost of recomputing the FFN's first
-product.
+compute dtype; LayerNorms, GELU, dropout masks and attention probabilities are recomputed,
+so batch 256 x 128 fits an 80 GB card with room to spare (`benchmarks/step_memory.py`; the
+figures are in benchmarks/RESULTS.md).
 """
 
 from bert_jax.models.config import model_config

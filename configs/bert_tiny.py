@@ -22,21 +22,17 @@ def get_config(arg=None):
         vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
         intermediate_size=512, max_position_embeddings=512)
     config.model.nsp = True
-    config.data = data_config(max_seq_length=64, max_predictions_per_seq=10, batch_size=8,
-                              eval_batch_size=64, shuffle_buffer=2000, num_parallel_reads=4)
-    # Tuned for a few minutes on a 2-core CPU, where a step costs nearly only its compute per
-    # token (the vocabulary projection at the masked positions and the encoder): more,
-    # smaller updates of shorter pairs learn more per CPU-second (8 x 64 tokens, 58 ms a step
-    # on a quiet 2-core machine, so 2400 steps fill the three minutes); a small model takes a
-    # large learning rate with a warmup (1.5e-3: 2e-3 reaches the same 0.144 at 2400 steps
-    # but left one seed in six at the most frequent token at 1200; 1e-3 reached 0.135; 3e-3
-    # and above collapse), Adam's b2=0.98 (RoBERTa's) adapts faster in a run this short, and
-    # no dropout (train.deterministic) learns faster and skips the masks' cost. The README's
-    # quick start gives the eval MLM accuracy it reaches on the held-out sample documents.
+    config.data = data_config(max_seq_length=64, max_predictions_per_seq=10,
+                              shuffle_buffer=2000, num_parallel_reads=4)
+    # Tuned for a few minutes of CPU, where a step costs nearly only its compute per token:
+    # more, smaller updates of shorter pairs learn more per CPU-second; a small model takes a
+    # large learning rate with a warmup, Adam's b2=0.98 (RoBERTa's) adapts faster in a run
+    # this short, and no dropout learns faster (the sweep: benchmarks/RESULTS.md).
     add_training_sections(
         config,
         optimizer=dict(b2=0.98),
         schedule=dict(lr=1.5e-3, warmup_steps=100, decay="linear"),
-        train=dict(steps=2400, log_every=50, eval_every=0, eval_steps=-1, deterministic=True),
+        train=dict(batch_size=8, eval_batch_size=64, steps=2400, log_every=50, eval_every=0,
+                   eval_steps=-1, deterministic=True),
         checkpoint=dict(every=800, keep=2))
     return config

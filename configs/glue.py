@@ -3,8 +3,8 @@
 Tasks: cola, sst2, mrpc, stsb (regression), qqp, mnli (dev/test matched + mismatched),
 qnli, rte, wnli; and "tsv" for your own sentence(-pair) TSVs (sentence1, sentence2, label).
 Data: `task.data_dir` = the task's directory of GLUE TSVs as distributed, else tfds glue/*.
-Recipe: batch 32, 3 epochs, lr from {5e-5, 3e-5, 2e-5} (`schedule.lr_grid`), 10% warmup,
-dropout 0.1; `train.num_restarts=5` for the small, unstable sets (the paper's fix).
+Recipe: batch 32, 3 epochs, lr from {5e-5, 3e-5, 2e-5} (`sweep.lrs`), 10% warmup,
+dropout 0.1; `sweep.restarts=5` for the small, unstable sets (the paper's fix).
 """
 
 from bert_jax.tasks.glue import GLUE_TASKS

@@ -26,7 +26,7 @@ def get_config(arg="1.1"):
     config.task.n_best_size = 20
     config.task.max_answer_length = 30
     config.task.null_score_diff_threshold = 0.0
-    config.train.num_epochs = 2.0
+    config.train.epochs = 2.0
     config.schedule.lr = 3e-5 if version == "1.1" else 5e-5
     config.train.eval_batch_size = 32
     return config

@@ -23,8 +23,9 @@ if __package__ in (None, ""):
 from absl import flags  # noqa: E402
 
 from bert_jax import cli  # noqa: E402
-
 from bert_jax.data.features import SPECIAL_TOKENS  # noqa: E402
+from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs,  # noqa: E402
+                             is_uri, resolve_inputs)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input_file", None, "Text file(s): comma-separated list, globs allowed.")
@@ -52,7 +53,6 @@ def train_wordpiece(files: list[str], vocab_size: int, output: str, do_lower_cas
     tk.train(files, trainer)
     vocab = [tok for tok, _ in sorted(tk.get_vocab().items(), key=lambda kv: kv[1])]
     if len(vocab) <= len(SPECIAL_TOKENS):  # before writing: an older vocabulary stays
-        from data_prep.paths import TEXT_FORMAT, InputError
         raise InputError(f"--input_file: no word to learn from {len(files)} file(s) (only "
                          f"control or invisible characters?); expected {TEXT_FORMAT}; "
                          f"{output} not written")
@@ -92,8 +92,6 @@ def train_sentencepiece(files: list[str], vocab_size: int, output: str,
 
 def main(argv):
     del argv
-    from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs, is_uri,
-                                 resolve_inputs)
     try:
         if not FLAGS.input_file or not FLAGS.output:
             raise InputError("--input_file and --output are required")

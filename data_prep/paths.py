@@ -14,6 +14,7 @@ from etils import epath
 from bert_jax import paths as bert_paths
 from bert_jax.errors import UserError
 from bert_jax.paths import is_uri
+from bert_jax.data.checks import files_named
 
 # What the corpus tools read (the original create_pretraining_data.py's input format).
 TEXT_FORMAT = "UTF-8 text, one sentence per line, a blank line between documents"
@@ -42,8 +43,6 @@ def blank_inputs(paths: list[str]) -> list[str]:
 def check_blank_inputs(paths: list[str], flag: str, expected: str) -> str | None:
     """InputError when every file of `paths` is blank; a warning naming the blank ones when
     some are (None when none is). `flag` and `expected` go into the message."""
-    from bert_jax.data.checks import files_named
-
     blank = blank_inputs(paths)
     if blank and len(blank) == len(paths):
         raise InputError(f"{flag}: {files_named(blank)}: no text (empty or blank); expected "

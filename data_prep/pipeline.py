@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import codecs
 import collections
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 import dataclasses
 import multiprocessing as mp
 import os
@@ -35,6 +37,8 @@ from data_prep import instances as inst
 from data_prep import packing
 from data_prep import paths as dp_paths
 from data_prep import tfrecord
+from bert_jax.data.checks import files_named
+from bert_jax.data.tokenization import load_tokenizer
 
 _BATCH = 4096  # instances assembled + serialized at once (bounds the numpy temporaries)
 _READ_BLOCK = 1 << 20
@@ -202,7 +206,6 @@ _STATE: dict = {}
 def _init_worker(spec: WorkerSpec) -> None:
     # Our processes are the parallelism; Rust threads inside each would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    from bert_jax.data.tokenization import load_tokenizer
     tok = load_tokenizer(spec.vocab_file, spec.spm_model_file, spec.do_lower_case)
     _STATE.update(spec=spec, tok=tok, vi=inst.VocabInfo.from_tokenizer(tok))
 
@@ -420,13 +423,14 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
             if fork:
                 # fork: workers inherit the loaded tokenizer (no re-import, no re-load).
                 _init_worker(spec)
-                pool = mp.get_context("fork").Pool(num_workers)
+                pool = ProcessPoolExecutor(num_workers, mp_context=mp.get_context("fork"))
             else:
                 # A process that has loaded TensorFlow, JAX or torch (a notebook, a test
                 # session) cannot fork safely: a child can block for ever on a lock or a
                 # thread that only the parent has (seen: a tf.data iterator collected in a
                 # forked worker waited on its prefetch threads). Fresh interpreters.
-                pool = mp.get_context("spawn").Pool(num_workers, _init_worker, (spec,))
+                pool = ProcessPoolExecutor(num_workers, mp_context=mp.get_context("spawn"),
+                                           initializer=_init_worker, initargs=(spec,))
             results = _ordered_bounded(pool, chunks, 2 * num_workers, spool)
         done_bytes = 0
         for _, blob, ends, st, nb in results:
@@ -437,11 +441,9 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
             done_bytes = nb
             bar.set_postfix(instances=f"{stats.instances:,}", refresh=False)
         if pool is not None:
-            pool.close()
-            pool.join()
+            pool.shutdown(wait=True)
             pool = None
         if require_instances and not stats.instances:
-            from bert_jax.data.checks import files_named
             raise dp_paths.InputError(
                 f"no training instances from {files_named(list(input_paths))}: no line of "
                 f"their text yields a token (only control characters or invisible "
@@ -453,7 +455,7 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
     finally:
         bar.close()
         if pool is not None:
-            pool.terminate()
+            pool.shutdown(wait=False, cancel_futures=True)
         if spool is not None:
             shutil.rmtree(spool, ignore_errors=True)
     stats.seconds = time.time() - t0
@@ -488,7 +490,13 @@ def _ordered_bounded(pool, chunks, max_in_flight: int, spool: str):
 
     def take():
         res, nbytes = pending.popleft()
-        k, path, ends, stats = res.get()
+        try:
+            k, path, ends, stats = res.result()
+        except BrokenProcessPool:
+            # A worker that cannot start (its traceback is on stderr) ends the run here; a
+            # multiprocessing.Pool would start it again and again, for ever.
+            raise RuntimeError("a data_prep worker process died (its error is printed "
+                               "above); --num_workers=1 runs the work in this process") from None
         with open(path, "rb") as f:
             blob = f.read()
         os.remove(path)
@@ -498,7 +506,7 @@ def _ordered_bounded(pool, chunks, max_in_flight: int, spool: str):
         docs_path = os.path.join(spool, f"docs-{k:08d}.pkl")
         with open(docs_path, "wb") as f:
             pickle.dump(docs, f, protocol=pickle.HIGHEST_PROTOCOL)
-        pending.append((pool.apply_async(_process_chunk_to_file, (k, docs_path, spool)), nb))
+        pending.append((pool.submit(_process_chunk_to_file, k, docs_path, spool), nb))
         if len(pending) >= max_in_flight:
             yield take()
     while pending:

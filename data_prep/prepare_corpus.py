@@ -27,6 +27,7 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
+from bert_jax.data.checks import files_named  # noqa: E402
 
 # Page markers (`### START: ...`, `p.772:0`, possibly followed by an editor's note) and
 # editor's notes on their own line (`[[ed: reformatted from the original]]`).
@@ -122,7 +123,6 @@ def main(argv):
         out.append(format_documents(docs))
         if not docs:
             empty.append(path)
-    from bert_jax.data.checks import files_named
     if len(empty) == len(paths):  # before writing: an older output stays
         print(f"prepare_corpus: error: --input={FLAGS.input}: no text in its {len(paths)} "
               f".txt file(s) ({files_named(empty)}): empty, blank or only headings; "

@@ -66,11 +66,6 @@ def _varint_cols(x: np.ndarray, max_bytes: int) -> tuple[np.ndarray, np.ndarray]
     return out.reshape(n, k * need), valid.reshape(n, k * need)
 
 
-def _const(n: int, data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    arr = np.frombuffer(data, dtype=np.uint8)
-    return np.broadcast_to(arr, (n, len(arr))), np.ones((n, len(arr)), dtype=bool)
-
-
 def _bytes_needed(max_value: int) -> int:
     return int(_varint_len(np.array([max(max_value, 0)]))[0])
 

@@ -16,15 +16,13 @@ ends in one line, `error: ...` (exit 2; --verbose adds the traceback).
 
 import logging
 import os
-import sys
 import time
 
-if __package__ in (None, ""):  # run as a script from a checkout: make bert_jax importable
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from absl import app, flags
 
-from absl import app, flags  # noqa: E402
-
-from bert_jax import cli  # noqa: E402
+from bert_jax import cli
+from bert_jax.convert import extract, sources
+from bert_jax.data.tokenization import load_tokenizer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Model directory (bert_config.json + params/), or a "
@@ -47,20 +45,18 @@ def main(argv):
 
 
 def run():
-    from bert_jax.convert import extract, model_dir
-    from bert_jax.data.tokenization import load_tokenizer
-
     start = time.time()
     # Everything cheap is checked before the parameters are read.
     extract.check_output(FLAGS.output_file, FLAGS.pooling)
     try:
-        config, vocab_file, read_params = model_dir.open_model(FLAGS.checkpoint)
+        source = sources.open_source(FLAGS.checkpoint, f"--checkpoint={FLAGS.checkpoint}")
     except FileNotFoundError as e:
         raise app.UsageError(
-            f"--checkpoint={FLAGS.checkpoint}: {e}; make a model directory with "
+            f"{e}; make a model directory with "
             f"`python -m bert_jax.convert from-tf|from-hf|from-workdir`") from None
+    config = source.config.replace(scan_layers=False)
     layers = extract.parse_layers(FLAGS.layers, config.num_hidden_layers)
-    vocab_file = FLAGS.vocab_file or vocab_file
+    vocab_file = FLAGS.vocab_file or source.vocab
     if not vocab_file or not os.path.isfile(vocab_file):
         raise app.UsageError(f"{vocab_file or 'the checkpoint has no vocab.txt'}: not found; "
                              f"pass --vocab_file")
@@ -73,7 +69,7 @@ def run():
         max_len = config.max_position_embeddings
     examples = extract.read_examples(FLAGS.input_file)
 
-    params = read_params()
+    params = sources.unscanned(source)[1]
     extractor = extract.FeatureExtractor(params["bert"], config, layers, FLAGS.pooling)
     features, encoded = extract.extract(examples, tokenizer, extractor, max_len,
                                         FLAGS.batch_size)

@@ -1,4 +1,5 @@
-r"""Pre-train BERT: one command from a CPU to a TPU pod.
+r"""Pre-train or fine-tune BERT: one command from a CPU to a TPU pod, one training loop
+(bert_jax.train.loop) under both; the config decides the task.
 
     python launch/train.py --config=configs/bert_tiny.py --workdir=/tmp/bert_tiny
     python launch/train.py --config=configs/bert_base.py --workdir=gs://bucket/base \
@@ -38,6 +39,8 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from bert_jax import cli  # noqa: E402
+from bert_jax.tasks import finetune, pretraining  # noqa: E402
+from bert_jax.train import runtime  # noqa: E402
 from bert_jax.train.config import check_config_flag, config_path  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -63,23 +66,11 @@ def main(argv):
 
     if not FLAGS["verbosity"].present:  # orbax logs every save at INFO
         absl_logging.set_verbosity(absl_logging.WARNING)
-    from bert_jax.train import runtime
-
     # A --config file that does not exist parses (ml_collections defers the error to the
     # first use of the config): name it now.
     config_path(config_flags.get_config_filename(FLAGS["config"]), repo_fallback=False)
     runtime.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
                        FLAGS.process_id)
-    task = FLAGS.config.get("task", None)
-    if task is not None:
-        # Fine-tuning configs (configs/glue.py, squad.py, ner.py, swag.py: a `task` section)
-        # run the task driver: the same mesh, checkpoints and resume, plus restarts and the
-        # task's metrics. An unknown task.kind is an error there, never a pre-training run.
-        from bert_jax.tasks import finetune
-
-        finetune.run(FLAGS.config, FLAGS.workdir)
-        return
-    from bert_jax.train import loop
 
     def kill_after(step):
         if step == FLAGS.debug_kill_after_step:
@@ -88,7 +79,13 @@ def main(argv):
             os.kill(os.getpid(), signal.SIGKILL)
 
     after_save = kill_after if FLAGS.debug_kill_after_step is not None else None
-    loop.train(FLAGS.config, FLAGS.workdir, after_save=after_save)
+    if FLAGS.config.get("task", None) is not None:
+        # Fine-tuning configs (configs/glue.py, squad.py, ner.py, swag.py: a `task` section):
+        # the sweep of restarts x learning rates over the same loop. An unknown task.kind is
+        # an error there, never a pre-training run.
+        finetune.run(FLAGS.config, FLAGS.workdir)
+        return
+    pretraining.run(FLAGS.config, FLAGS.workdir, after_save=after_save)
 
 
 if __name__ == "__main__":

@@ -43,6 +43,14 @@ def test_train_py_mistyped_config_key_is_one_line_naming_the_closest_key(tmp_pat
     assert lines[-1].startswith("error: configs/bert_tiny.py: unknown config key 'train.stpes'")
 
 
+def test_train_py_moved_config_key_is_one_line_naming_the_new_one(tmp_path):
+    r, lines = _run("launch/train.py", "--config=configs/glue.py:mrpc", f"--workdir={tmp_path}",
+                    "--config.train.max_steps=3")
+    assert r.returncode == 2, r.stderr
+    assert lines == ["error: configs/glue.py:mrpc: config.train.max_steps is now "
+                     "config.train.steps"], r.stderr
+
+
 def test_train_py_error_in_main_is_one_line(tmp_path):
     """A ReportedError raised in main (a GLUE config without a checkpoint) is one line."""
     workdir = tmp_path / "mrpc"

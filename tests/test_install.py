@@ -62,7 +62,7 @@ def test_installed_package_pretrains_on_its_sample_corpus_from_elsewhere(tmp_pat
     assert os.listdir(workdir / "checkpoints") == ["20"]
     assert not os.listdir(elsewhere)
     # The run recorded its vocabulary: the installed data_prep's package data.
-    from bert_jax.convert import model_dir
+    from bert_jax.convert import sources
 
-    _, vocab, _ = model_dir.open_model(str(workdir))
+    vocab = sources.open_source(str(workdir)).vocab
     assert vocab == os.path.join(packages, "data_prep", "bert_uncased_vocab.txt")

@@ -75,7 +75,7 @@ def test_metrics_append_to_a_bucket(gcs):
 def test_checkpoints_of_a_bucket_workdir_are_found_by_uri(gcs):
     # (Checkpointer's directory is paths.join(workdir, "checkpoints"), tested above; orbax's
     # manager itself queries the bucket through google-cloud-storage, which no fake covers.)
-    from bert_jax.train.checkpoint import locate, pick_step
+    from bert_jax.convert.sources import locate, pick_step
 
     for step in (100, 200):
         (gcs / "b" / "run" / "checkpoints" / str(step) / "state").mkdir(parents=True)
@@ -131,9 +131,9 @@ def test_a_profile_of_a_bucket_run_lands_in_the_bucket(gcs):
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.train.loop import _Profiler
+    from bert_jax.train.profile import Profiler
 
-    profiler = _Profiler("gs://b/run/profile", start=0, skip=0, count=1, is_main=True)
+    profiler = Profiler("gs://b/run/profile", start=0, skip=0, count=1, is_main=True)
     profiler.before(0)
     with jax.profiler.StepTraceAnnotation("train", step_num=1):
         x = jax.jit(lambda a: a @ a)(jnp.ones((64, 64)))

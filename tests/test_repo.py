@@ -40,9 +40,9 @@ def test_load_config_is_locked_with_dotted_overrides(tmp_path, monkeypatch):
     from bert_jax.train.config import load_config
 
     monkeypatch.chdir(tmp_path)  # a path not under the working directory: the repository's
-    config = load_config("configs/glue.py:sst2", {"train.num_epochs": 1.5,
+    config = load_config("configs/glue.py:sst2", {"train.epochs": 1.5,
                                                   "task.data_dir": "glue/SST-2"})
-    assert (config.task.name, config.train.num_epochs) == ("sst2", 1.5)
+    assert (config.task.name, config.train.epochs) == ("sst2", 1.5)
     assert config.task.data_dir == "glue/SST-2"
     assert load_config("configs/bert_base.py:phase2").data.max_seq_length == 512
     with pytest.raises(ConfigError, match=r"^configs/bert_tiny.py: unknown config key "
@@ -60,3 +60,35 @@ def test_load_config_is_locked_with_dotted_overrides(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="configs/nope.py not found .* the configs are "
                                                 "configs/bert_base.py, configs/bert_large.py"):
         load_config("configs/nope.py")
+
+
+@pytest.mark.parametrize("spec, old, new", [
+    ("configs/glue.py:sst2", "train.max_steps", "train.steps"),
+    ("configs/glue.py:sst2", "train.num_epochs", "train.epochs"),
+    ("configs/squad.py:1.1", "train.num_restarts", "sweep.restarts"),
+    ("configs/ner.py", "schedule.lr_grid", "sweep.lrs"),
+    ("configs/swag.py", "checkpoint.delete_finished", "sweep.delete_finished"),
+    ("configs/bert_tiny.py", "data.batch_size", "train.batch_size"),
+    ("configs/bert_base.py", "data.eval_batch_size", "train.eval_batch_size")])
+def test_a_moved_key_names_its_new_place(spec, old, new, tmp_path):
+    """One config schema for pre-training and fine-tuning: an old key is one line naming
+    the new one, given as an override or set by a config file of the user's own."""
+    from bert_jax.models.config import ConfigError
+    from bert_jax.train.config import load_config
+
+    message = rf"config.{old} is now config.{new}$"
+    with pytest.raises(ConfigError, match=message):
+        load_config(spec, {old: 1})
+    own = tmp_path / "my_config.py"
+    section, key = old.split(".")
+    own.write_text(f"import importlib.util\n"
+                   f"spec = importlib.util.spec_from_file_location('c', {str(REPO / spec.split(':')[0])!r})\n"
+                   f"base = importlib.util.module_from_spec(spec)\n"
+                   f"spec.loader.exec_module(base)\n\n\n"
+                   f"def get_config(arg=None):\n"
+                   f"    config = base.get_config(*([{spec.partition(':')[2]!r}] if "
+                   f"{spec.partition(':')[2]!r} else []))\n"
+                   f"    config.{section}.{key} = 1\n"
+                   f"    return config\n")
+    with pytest.raises(ConfigError, match=message):
+        load_config(str(own))

@@ -27,13 +27,16 @@ import sys
 import time
 
 from bert_jax import cli
+from bert_jax.convert import hf_files, model_dir, sources, verify
+from bert_jax.convert import tf as tfc
+from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import UserError
+from bert_jax.models.params import count_params
 
 
 def _vocab_check(vocab_file, config, what):
     if not vocab_file:
         return None
-    from bert_jax.data.tokenization import load_tokenizer
 
     n = load_tokenizer(vocab_file=vocab_file).vocab_size
     if n != config.vocab_size:
@@ -48,9 +51,6 @@ def _refuse_existing(path):
 
 
 def cmd_from_tf(a):
-    from bert_jax.convert import model_dir
-    from bert_jax.convert import tf as tfc
-
     import tempfile
 
     import tensorflow as tf
@@ -77,8 +77,6 @@ def cmd_from_tf(a):
 
 
 def cmd_from_hf(a):
-    from bert_jax.convert import hf_files, model_dir
-
     _refuse_existing(a.output)
     params, config, report, vocab = hf_files.read_hf_dir(a.input, progress=True)
     vocab = a.vocab_file or vocab
@@ -90,13 +88,11 @@ def cmd_from_hf(a):
 
 
 def cmd_from_workdir(a):
-    from bert_jax.convert import model_dir
-
     _refuse_existing(a.output)
-    config, vocab, read = model_dir.open_model(a.workdir)
-    vocab = a.vocab_file or vocab
-    _vocab_check(vocab, config, f"the run's config ({a.workdir})")
-    params = read()
+    source = sources.open_source(a.workdir, "--workdir")
+    vocab = a.vocab_file or source.vocab
+    _vocab_check(vocab, source.config, f"the run's config ({a.workdir})")
+    config, params = sources.unscanned(source)
     model_dir.save_model_dir(a.output, params, config, vocab_file=vocab)
     print(f"wrote {a.output} ({_count(params)} parameters; heads: "
           f"{', '.join(k for k in params if k != 'bert') or 'none'}"
@@ -104,14 +100,10 @@ def cmd_from_workdir(a):
 
 
 def _load(checkpoint):
-    from bert_jax.convert import model_dir
-
-    return model_dir.load_model(checkpoint)
+    return sources.load_model(checkpoint)
 
 
 def cmd_to_hf(a):
-    from bert_jax.convert import hf_files
-
     _refuse_existing(a.output)
     params, config, vocab = _load(a.checkpoint)
     hf_files.write_hf_dir(a.output, params, config, vocab_file=vocab)
@@ -120,8 +112,6 @@ def cmd_to_hf(a):
 
 
 def cmd_to_tf(a):
-    from bert_jax.convert import tf as tfc
-
     _refuse_existing(a.output)
     params, config, vocab = _load(a.checkpoint)
     prefix = tfc.save_tf_dir(a.output, params, config, vocab_file=vocab)
@@ -130,8 +120,6 @@ def cmd_to_tf(a):
 
 
 def cmd_verify(a):
-    from bert_jax.convert import verify
-
     try:
         diffs = verify.verify(a.checkpoint, a.reference, length=a.length)
     except (ImportError, RuntimeError) as e:  # reference side absent, or it failed
@@ -148,8 +136,6 @@ def cmd_verify(a):
 
 
 def _count(params):
-    from bert_jax.models.params import count_params
-
     return f"{count_params(params):,}"
 
 

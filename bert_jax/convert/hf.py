@@ -10,11 +10,9 @@ from __future__ import annotations
 from typing import Iterator, Mapping
 
 import flax
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.models.bert import BertModel
+from bert_jax.convert.tensors import ConversionError, encoder_shapes
 from bert_jax.models.config import BertConfig
 
 # Keys of transformers' config.json that are not BERT hyper-parameters of ours.
@@ -129,7 +127,6 @@ def _normalise_names(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 # One error type for every format (defined with the format-independent machinery).
-from bert_jax.convert.tensors import ConversionError  # noqa: E402
 
 
 def hf_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
@@ -209,11 +206,3 @@ def check_shapes(params: Mapping, config: BertConfig, source: str) -> None:
             raise ConversionError(
                 f"{source}: bert/{'/'.join(path)} has shape {tuple(got[path].shape)}, "
                 f"the config expects {tuple(want.shape)}")
-
-
-def encoder_shapes(config: BertConfig) -> dict:
-    """Unboxed ShapeDtypeStructs of BertModel's params (unscanned layout)."""
-    model = BertModel(config.replace(scan_layers=False))
-    ids = jnp.zeros((1, 2), jnp.int32)
-    tree = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ids))["params"]
-    return flax.linen.meta.unbox(tree)

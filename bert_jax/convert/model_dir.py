@@ -6,22 +6,21 @@
     DIR/vocab.txt          optional: the vocabulary the model was trained with
 
 `python -m bert_jax.convert from-tf|from-hf|from-workdir` writes one; `train.init_checkpoint`
-and `launch/extract_features.py` read one. `open_model` / `load_model` also take a training
-run's checkpoint (WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>, as
-launch/train.py writes it) where a model directory is expected.
+and `launch/extract_features.py` read one (bert_jax.convert.sources, which also reads a
+Hugging Face directory or a training run where a model directory is expected).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax import paths
-from bert_jax.models.config import BertConfig, from_config_dict
+from bert_jax.models.config import BertConfig
 from bert_jax.models.params import unstack_layers
 
 CONFIG_NAME = "bert_config.json"
@@ -76,41 +75,6 @@ def load_model_dir(path: str) -> tuple[dict, BertConfig]:
     with ocp.StandardCheckpointer() as ckptr:
         params = ckptr.restore(paths.join(path, PARAMS_NAME))
     return _to_numpy(params), config
-
-
-def open_model(path: str) -> tuple[BertConfig, Optional[str], Callable[[], dict]]:
-    """(config, vocab file or None, read) of a model directory or of a training run's
-    checkpoint; read() returns the numpy params, unscanned. Only small files are read here,
-    so callers check the config before any tensor is read.
-
-    For a run: the latest saved step (or WORKDIR/checkpoints/<step>), every trained head
-    with the encoder (no optimizer state), the run's `model` config, and its
-    `data.vocab_file` if that file still exists."""
-    path = paths.resolve(path)
-    if is_model_dir(path):
-        config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
-        return config, dir_vocab(path), lambda: load_model_dir(path)[0]
-    from bert_jax.train.checkpoint import locate, open_run
-
-    if locate(path) is None:
-        raise FileNotFoundError(
-            f"{path} is neither a model directory ({CONFIG_NAME} + {PARAMS_NAME}/) nor a "
-            f"training run (WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
-    run = open_run(path, path)
-    config = from_config_dict(run.config["model"])
-
-    def read() -> dict:
-        params = run.read_params()
-        return (unstack_layers(params, config.num_hidden_layers) if config.scan_layers
-                else params)
-
-    return config.replace(scan_layers=False), run.vocab_file, read
-
-
-def load_model(path: str) -> tuple[dict, BertConfig, Optional[str]]:
-    """(numpy params unscanned, config, vocab file or None): `open_model`, then read."""
-    config, vocab, read = open_model(path)
-    return read(), config, vocab
 
 
 def _to_numpy(tree):

@@ -16,10 +16,12 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import flax
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.models.config import BertConfig
 from bert_jax.errors import UserError
+from bert_jax.models.bert import BertModel
+from bert_jax.models.config import BertConfig
 
 Row = tuple[str, tuple, str]  # (source name, our path, kind)
 
@@ -58,8 +60,6 @@ class ImportReport:
 def our_shapes(config: BertConfig) -> dict[tuple, tuple]:
     """Flat {path: shape} of the encoder ("bert", ...) and of the fixed-size heads.
     The classifier heads have a free number of labels: their paths are absent here."""
-    from bert_jax.convert.hf import encoder_shapes  # eval_shape of BertModel: nothing allocated
-
     flat = flax.traverse_util.flatten_dict(encoder_shapes(config))
     shapes = {("bert",) + k: tuple(v.shape) for k, v in flat.items()}
     h, v = config.hidden_size, config.vocab_size
@@ -185,3 +185,11 @@ def unmapped(params: Mapping, layout: Iterable[Row]) -> list[str]:
     covered = {path for _, path, _ in layout}
     return sorted("/".join(p) for p in flax.traverse_util.flatten_dict(dict(params))
                   if p not in covered)
+
+
+def encoder_shapes(config: BertConfig) -> dict:
+    """Unboxed ShapeDtypeStructs of BertModel's params (unscanned layout)."""
+    model = BertModel(config.replace(scan_layers=False))
+    ids = jnp.zeros((1, 2), jnp.int32)
+    tree = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), ids))["params"]
+    return flax.linen.meta.unbox(tree)

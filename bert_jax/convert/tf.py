@@ -26,6 +26,7 @@ from bert_jax.convert import tensors
 from bert_jax.convert.hf import HF_CONFIG_EXTRA_KEYS
 from bert_jax.convert.tensors import ConversionError, Row
 from bert_jax.models.config import ORIGINAL_KEYS, BertConfig
+from bert_jax import paths
 
 CKPT_NAME = "bert_model.ckpt"
 CONFIG_NAME = "bert_config.json"
@@ -213,8 +214,6 @@ def save_tf_dir(output: str, params: Mapping, config: BertConfig,
     """OUTPUT/bert_model.ckpt.{index,data-*} + checkpoint + bert_config.json (+ vocab.txt),
     written to a temporary directory and renamed; OUTPUT may be a URI (gs://...). Returns the
     checkpoint prefix."""
-    from bert_jax import paths
-
     output = paths.resolve(output)
     if paths.exists(output):
         raise FileExistsError(f"{output} already exists; refusing to overwrite it")

@@ -13,6 +13,13 @@ from typing import Mapping, Optional
 
 import numpy as np
 
+from bert_jax import paths
+from bert_jax.convert import sources, tf_reference
+from bert_jax.convert import tf as tfc
+from bert_jax.convert.extract import Example, encode_example
+from bert_jax.convert.hf_files import _open_weights
+from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.models.bert import BertForPreTraining, BertModel
 from bert_jax.models.config import BertConfig
 
 # Sample text: singles and pairs of different lengths, so that padding is exercised.
@@ -34,8 +41,6 @@ REF_MISSING = {
 def sample_batch(config: BertConfig, tokenizer=None, length: int = 64) -> dict[str, np.ndarray]:
     """<int32>[4, length] input_ids / token_type_ids / attention_mask. Without a
     tokenizer (no vocab.txt anywhere) the ids are random (seeded), lengths as the text's."""
-    from bert_jax.convert.extract import Example, encode_example
-
     length = min(length, config.max_position_embeddings)
     b = len(SAMPLES)
     ids = np.zeros((b, length), np.int32)
@@ -57,8 +62,6 @@ def sample_batch(config: BertConfig, tokenizer=None, length: int = 64) -> dict[s
 def run_ours(params: Mapping, config: BertConfig, batch: Mapping) -> dict[str, np.ndarray]:
     """sequence_output, pooled_output, and mlm_logits (every position) / nsp_logits when
     the heads are in `params`."""
-    from bert_jax.models.bert import BertForPreTraining, BertModel
-
     import jax
 
     config = config.replace(scan_layers=False, remat="none")
@@ -103,7 +106,6 @@ def run_tf(prefix: str, config: BertConfig, batch: Mapping, heads: tuple[str, ..
         import tensorflow as tf
     except ImportError:
         raise ImportError(REF_MISSING["tf"]) from None
-    from bert_jax.convert import tf_reference
 
     reader = tf.train.load_checkpoint(prefix)
     return tf_reference.forward(reader.get_tensor, config, batch["input_ids"],
@@ -129,20 +131,15 @@ def max_abs_diffs(ours: Mapping, ref: Mapping, mask: np.ndarray) -> dict[str, fl
 def verify(checkpoint: str, reference: str, tokenizer=None, length: int = 64,
            do_lower_case: bool = True) -> dict[str, float]:
     """Returns {output: max abs diff}. reference: "hf:DIR" or "tf:CKPT"."""
-    from bert_jax.convert import model_dir
-    from bert_jax.convert import tf as tfc
-
     kind, _, path = reference.partition(":")
     if kind not in ("hf", "tf") or not path:
         raise ValueError(f"--reference={reference!r}: expected hf:DIR or tf:CKPT")
-    params, config, vocab = model_dir.load_model(checkpoint)
+    params, config, vocab = sources.load_model(checkpoint)
     heads = tuple(h for h in ("mlm", "nsp") if h in params)
     if tokenizer is None:
         tokenizer = _tokenizer_for(vocab, path, config, do_lower_case)
     batch = sample_batch(config, tokenizer, length)
     if kind == "hf":
-        from bert_jax.convert.hf_files import _open_weights
-
         names, _, _ = _open_weights(path)
         ref_heads = tuple(h for h, n in (("mlm", "cls.predictions.bias"),
                                          ("nsp", "cls.seq_relationship.weight")) if n in names)
@@ -164,9 +161,6 @@ def verify(checkpoint: str, reference: str, tokenizer=None, length: int = 64,
 def _tokenizer_for(vocab_file: Optional[str], reference_path: str, config: BertConfig,
                    do_lower_case: bool) -> Optional[object]:
     """The checkpoint's vocabulary, else the reference's vocab.txt, if its size fits."""
-    from bert_jax import paths
-    from bert_jax.data.tokenization import load_tokenizer
-
     ref_dir = reference_path if paths.is_dir(reference_path) else os.path.dirname(reference_path)
     for vocab in (vocab_file, os.path.join(ref_dir, "vocab.txt")):
         if vocab and paths.is_file(vocab):

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from bert_jax.data import features as features_lib
+from bert_jax.data.tokenization import check_unk_rate
 from bert_jax.errors import UserError
 
 MAX_LINES = 20
@@ -65,7 +66,7 @@ def unk_counts(decoded: Sequence[Mapping[str, tuple[str, np.ndarray]]],
                vocab: Mapping[str, int]) -> tuple[int, int]:
     """([UNK] pieces, all pieces) over the real tokens of decoded records (decode_example),
     masked positions counted by their original id (masked_lm_ids), the special tokens
-    ([PAD] [CLS] [SEP] [MASK]) left out. vocab: pretrain.vocab_info(cfg, with_unk=True)."""
+    ([PAD] [CLS] [SEP] [MASK]) left out. vocab: tokenization.vocab_info(cfg, with_unk=True)."""
     unk_id = vocab["unk_id"]
     special_ids = [vocab[k] for k in ("pad_id", "cls_id", "sep_id", "mask_id")]
     unk = total = 0
@@ -283,7 +284,7 @@ def first_records(files: Sequence[str], records_per_file: int, threads: int = 16
                 records.append(r.numpy())
             return path, records, None
         except tf.errors.OpError as e:
-            from bert_jax.data.shards import short_error
+            from bert_jax.data.shards import short_error  # TensorFlow, loaded here anyway
             return path, records, short_error(e)
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
         return list(pool.map(head, files))
@@ -298,7 +299,7 @@ def first_bad_record(path: str, *, max_seq_length: int, max_predictions_per_seq:
     shards.scan_file."""
     import tensorflow as tf
 
-    from bert_jax.data import tfrecord
+    from bert_jax.data import tfrecord  # TensorFlow, as this function: only when it runs
     spec = tfrecord.parse_spec(max_seq_length, max_predictions_per_seq, max_sequences_per_pack)
     start = 0
     try:
@@ -315,7 +316,7 @@ def first_bad_record(path: str, *, max_seq_length: int, max_predictions_per_seq:
                         found = [f"not a tf.train.Example ({bad})"]
                     if found:
                         return f"record {start + i}", found[0]
-                from bert_jax.data.shards import short_error
+                from bert_jax.data.shards import short_error  # TensorFlow: loaded here anyway
                 return f"records {start}-{start + len(batch) - 1}", short_error(e)
             start += int(batch.shape[0])
     except tf.errors.DataLossError:
@@ -330,7 +331,7 @@ def check_files(files: Sequence[str], *, max_seq_length: int, max_predictions_pe
     """Raises DataCheckError if the first records of any file disagree with the config,
     or with the layout (packed or not, features.packing_of) of the first record read.
 
-    vocab (pretrain.vocab_info(cfg, with_unk=True)): also measures the share of [UNK]
+    vocab (tokenization.vocab_info(cfg, with_unk=True)): also measures the share of [UNK]
     among the sampled tokens: VocabError above tokenization.UNK_ERROR, returned as a
     warning from UNK_WARN on (else None). vocab_name names the vocabulary in it; `what`
     names the set of files (e.g. data.train_files) in a layout mismatch."""
@@ -364,7 +365,6 @@ def check_files(files: Sequence[str], *, max_seq_length: int, max_predictions_pe
                      f"vocab_size={vocab_size})")
     if vocab is None or vocab.get("unk_id") is None:
         return None
-    from bert_jax.data.tokenization import check_unk_rate
     unk, total = unk_counts(decoded_all, vocab)
     return check_unk_rate(unk, total, f"{files_named(list(files))} (the first "
                                       f"{len(decoded_all)} records)", vocab_name)

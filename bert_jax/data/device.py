@@ -57,7 +57,7 @@ def to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[
         if global_rows % shards:
             raise ValueError(
                 f"{name}: global batch {global_rows} is not divisible by the {shards} "
-                f"devices of mesh axes {axes}; choose data.batch_size as a multiple of it")
+                f"devices of mesh axes {axes}; choose train.batch_size as a multiple of it")
         out[name] = jax.make_array_from_process_local_data(sharding, local)
     return out
 

@@ -35,6 +35,7 @@ from bert_jax import cli
 
 from bert_jax.data import checks
 from bert_jax.data import features as features_lib
+from bert_jax.data import pretrain, shards, tokenization
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input", None, "Comma-separated TFRecord glob(s).")
@@ -79,7 +80,6 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
            max_predictions_per_seq: int | None = None, num_records: int = 1000,
            max_files: int = 64, verify: bool = False, show: int = 2) -> dict[str, Any]:
     """The doctor's findings as a dict (see `format_report`)."""
-    from bert_jax.data import pretrain, shards
     all_files = shards.expand_files(patterns)
     files, records, unreadable = sample(all_files, num_records, max_files)
     r: dict[str, Any] = dict(num_files=len(all_files), sampled_files=len(files),
@@ -87,8 +87,7 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
     vocab, tokens = None, None
     if vocab_file:
         cfg = pretrain.data_config(vocab_file=vocab_file)
-        vocab = pretrain.vocab_info(cfg, with_unk=True)
-        from bert_jax.data import tokenization
+        vocab = tokenization.vocab_info(cfg, with_unk=True)
         tok = (tokenization.load_tokenizer(spm_model_file=vocab_file)
                if vocab_file.endswith(".model") else
                tokenization.load_tokenizer(vocab_file=vocab_file))
@@ -151,13 +150,12 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
                                      cls_id=vocab and vocab["cls_id"]):
             problems.append((f"{path} record {i}", p))
     if vocab and vocab.get("unk_id") is not None and records:
-        from bert_jax.data.tokenization import VocabError, check_unk_rate
         unk, total = checks.unk_counts([d for _, _, d in records], vocab)
         r["unk_fraction"] = unk / total if total else 0.0
         where = f"{checks.files_named(files)} (the {len(records)} records read)"
         try:
-            warning = check_unk_rate(unk, total, where, vocab_file)
-        except VocabError as e:
+            warning = tokenization.check_unk_rate(unk, total, where, vocab_file)
+        except tokenization.VocabError as e:
             problems.append((where, str(e)[len(where) + 2:]))
         else:
             warnings += [warning] if warning else []

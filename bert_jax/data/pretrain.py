@@ -3,14 +3,14 @@
     from bert_jax.data import pretrain, device
     config.data = pretrain.data_config()            # in configs/*.py; override on the CLI
     pretrain.check_input(config.data)                # before compiling: names a bad file
-    train_it = pretrain.train_iterator(config.data)  # endless host-local numpy batches
+    train_it = pretrain.train_iterator(config.data, 256)  # endless host-local numpy batches
     batch = next(train_it)                           # dict[str, np.ndarray], see below
     state = train_it.get_state(); train_it.set_state(state)   # exact resume
-    for batch in pretrain.eval_iterator(config.data): ...      # every record once
+    for batch in pretrain.eval_iterator(config.data, 256): ... # every record once
     checks.check_batch(batch, max_seq_length=..., max_predictions_per_seq=...,
                        vocab_size=...)               # optional: a batch against the config
 
-Batches (host-local, local_batch = data.batch_size // jax.process_count()):
+Batches (host-local, local_batch = batch_size // jax.process_count(); config.train.batch_size):
     input_ids, input_mask, segment_ids: <int32>[local_batch, max_seq_length]
     masked_lm_positions, masked_lm_ids: <int32>[local_batch, max_predictions_per_seq]
     masked_lm_weights:                  <float32>[local_batch, max_predictions_per_seq]
@@ -28,10 +28,9 @@ and "synthetic" (random batches of the same shapes, `bert_jax.data.synthetic`, n
 TensorFlow). This module imports TensorFlow only when a tfrecord pipeline is built, so
 `source="synthetic"` runs on images without TF.
 
-Iterator state: `get_state()` returns a flat dict of numpy arrays, host-local; store it with
-`bert_jax.data.checkpointing.InputStateSave` in the orbax checkpoint (one file per process). For
-tfrecord it is tf.data's own serialized iterator (read offsets + the partial shuffle window,
-restored at once, exact); see `bert_jax.data.tfrecord` for why.
+Iterator state: `get_state()`, a flat dict of host-local numpy arrays, is saved per process
+with the checkpoint (bert_jax.data.checkpointing); for tfrecord, tf.data's own serialized
+iterator (read offsets + the partial shuffle window: exact; bert_jax.data.tfrecord).
 """
 
 from __future__ import annotations
@@ -40,7 +39,9 @@ import logging
 
 import jax
 import ml_collections
-from etils import epath
+
+from bert_jax.data import checks, features, synthetic
+from bert_jax.data.tokenization import vocab_info
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.train_files = ""           # comma-separated globs (gs:// works)
     c.eval_files = ""            # comma-separated globs; empty: no evaluation
     # With no train_files: raw text (a sentence per line, a blank line between documents),
-    # comma-separated globs, made into TFRecords once in the workdir by launch/train.py
-    # (bert_jax.train.data; 1 document in 20 held out for eval). Empty: the sample corpus.
+    # comma-separated globs, made into TFRecords once in the workdir (bert_jax.tasks.
+    # pretraining.data; 1 document in 20 held out for eval). Empty: the sample corpus.
     c.text_files = ""
     c.do_lower_case = True       # for text_files: uncased vocabularies
     c.max_seq_length = 128
@@ -64,11 +65,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     # data_prep --pack are recognised by their features (the train files all packed or all
     # unpacked, the eval files too). pack=True packs the data the run makes itself: the
     # training TFRecords built from text_files / the sample corpus (evaluation stays
-    # unpacked, so eval metrics compare with unpacked runs; bert_jax.train.data).
+    # unpacked, so eval metrics compare with unpacked runs; bert_jax.tasks.pretraining.data).
     c.pack = False
     c.max_sequences_per_pack = 3     # K: the most sequences a packed row holds
-    c.batch_size = 256           # GLOBAL batch; each host gets batch_size / process_count
-    c.eval_batch_size = 0        # GLOBAL; 0 = batch_size
     c.shuffle = True
     c.shuffle_buffer = 10_000    # records per shuffle window, per host (~ state size)
     c.seed = 0
@@ -98,46 +97,13 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
     c.check_records_per_file = 2  # records of each file checked by check_input
     c.prefetch_to_device = 2     # batches put on device ahead (device.DevicePrefetcher)
     for key, value in overrides.items():
+        if key in ("batch_size", "eval_batch_size"):
+            raise KeyError(f"data_config: {key} is a key of the train section now "
+                           f"(config.train.{key})")
         if key not in c:
             raise KeyError(f"data_config: unknown key {key!r}; known keys: {sorted(c.keys())}")
         setattr(c, key, value)
     return c
-
-
-def vocab_info(cfg, with_unk: bool = False) -> dict[str, int]:
-    """vocab_size and the special ids (pad / cls / sep / mask; with_unk: and unk_id, None
-    for a vocabulary without [UNK]), from data.vocab_file if set.
-
-    data.vocab_file: a WordPiece vocab.txt (one token per line; gs:// works) or a
-    SentencePiece `.model` (through bert_jax.data.tokenization). A vocabulary without [PAD]
-    pads with id 0, as the original tool does.
-    """
-    unk = {}
-    if cfg.get("vocab_file"):
-        if str(cfg.vocab_file).endswith(".model"):
-            from bert_jax.data import tokenization
-            tok = tokenization.load_tokenizer(spm_model_file=cfg.vocab_file)
-            unk = {"unk_id": tok.unk_id} if with_unk else {}
-            return dict(vocab_size=tok.vocab_size, pad_id=tok.pad_id, cls_id=tok.cls_id,
-                        sep_id=tok.sep_id, mask_id=tok.mask_id, **unk)
-        path = epath.Path(cfg.vocab_file)
-        if not path.exists():
-            raise FileNotFoundError(f"data.vocab_file {cfg.vocab_file} does not exist")
-        lines = path.read_text().split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()
-        tokens = [line.strip() for line in lines]
-        index = {tok: i for i, tok in enumerate(tokens)}  # later duplicates win (original)
-        ids = {"pad_id": index.get("[PAD]", 0)}
-        for key, tok in (("cls_id", "[CLS]"), ("sep_id", "[SEP]"), ("mask_id", "[MASK]")):
-            if tok not in index:
-                raise ValueError(f"{cfg.vocab_file}: no {tok} token in the vocabulary")
-            ids[key] = index[tok]
-        unk = {"unk_id": index.get("[UNK]")} if with_unk else {}
-        return dict(vocab_size=len(tokens), **ids, **unk)
-    unk = {"unk_id": cfg.get("unk_id", 100)} if with_unk else {}
-    return dict(vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, cls_id=cfg.cls_id,
-                sep_id=cfg.sep_id, mask_id=cfg.mask_id, **unk)
 
 
 def _hosts(process_index, process_count) -> tuple[int, int]:
@@ -147,7 +113,7 @@ def _hosts(process_index, process_count) -> tuple[int, int]:
 
 def local_batch_size(global_batch: int, process_count: int) -> int:
     if global_batch <= 0 or global_batch % process_count:
-        raise ValueError(f"data.batch_size={global_batch} (global) must be a positive "
+        raise ValueError(f"train.batch_size={global_batch} (global) must be a positive "
                          f"multiple of the number of hosts, {process_count}")
     return global_batch // process_count
 
@@ -159,7 +125,7 @@ def _check_source(cfg):
 
 def host_files(cfg, patterns: str, process_index: int, process_count: int):
     """(this host's files, record_level, skipped corrupt files)."""
-    from bert_jax.data import shards
+    from bert_jax.data import shards  # TensorFlow: the tfrecord source only
     files = shards.expand_files(patterns)
     mine, record_level = shards.shard_files(files, process_index, process_count)
     skipped = []
@@ -168,21 +134,21 @@ def host_files(cfg, patterns: str, process_index: int, process_count: int):
     return mine, record_level, skipped
 
 
-def train_iterator(cfg, *, process_index: int | None = None,
+def train_iterator(cfg, batch_size: int, *, process_index: int | None = None,
                    process_count: int | None = None):
-    """Endless iterator of this host's training batches (dict of numpy, see module doc).
+    """Endless iterator of this host's training batches (dict of numpy, see module doc) of
+    `batch_size` examples in all hosts (config.train.batch_size).
 
     process_index / process_count default to jax's; pass them to simulate hosts. The
     returned object has get_state() / set_state() / save(path) / restore(path).
     """
     _check_source(cfg)
     index, count = _hosts(process_index, process_count)
-    local_batch = local_batch_size(cfg.batch_size, count)
+    local_batch = local_batch_size(batch_size, count)
     if cfg.source == "synthetic":
-        from bert_jax.data import synthetic
         return synthetic.SyntheticIterator(cfg, process_index=index, process_count=count,
                                            local_batch=local_batch)
-    from bert_jax.data import tfrecord
+    from bert_jax.data import tfrecord  # TensorFlow: the tfrecord source only
     files, record_level, skipped = host_files(cfg, cfg.train_files, index, count)
     pack = files_packing(cfg, files, "data.train_files")
     return tfrecord.TFRecordIterator(cfg, files, process_index=index, process_count=count,
@@ -193,7 +159,6 @@ def train_iterator(cfg, *, process_index: int | None = None,
 def files_packing(cfg, files, what: str) -> int:
     """0 if `files` hold unpacked rows, else K (data_prep --pack), from their first record;
     DataCheckError for what a packed set cannot do (dynamic masking)."""
-    from bert_jax.data import checks, features
     pack = checks.files_packing(files)
     if pack and cfg.dynamic_masking:
         raise checks.DataCheckError(
@@ -203,23 +168,23 @@ def files_packing(cfg, files, what: str) -> int:
     return pack
 
 
-def eval_iterator(cfg, *, process_index: int | None = None,
+def eval_iterator(cfg, batch_size: int, *, process_index: int | None = None,
                   process_count: int | None = None, num_batches: int | None = None):
-    """One pass over the eval files: every record exactly once, the last batch padded with
-    filler rows (example_weights 0), never dropped; `len()` is the same on every host.
+    """One pass over the eval files in batches of `batch_size` examples in all hosts: every
+    record exactly once, the last batch padded with filler rows (example_weights 0), never
+    dropped; `len()` is the same on every host.
 
     source="synthetic": `num_batches` (default 4) synthetic batches.
     """
     _check_source(cfg)
     index, count = _hosts(process_index, process_count)
-    local_batch = local_batch_size(cfg.eval_batch_size or cfg.batch_size, count)
+    local_batch = local_batch_size(batch_size, count)
     if cfg.source == "synthetic":
-        from bert_jax.data import synthetic
         return synthetic.SyntheticEval(cfg, process_index=index, process_count=count,
                                        local_batch=local_batch, num_batches=num_batches or 4)
     if not cfg.eval_files:
         raise ValueError("data.eval_files is empty: nothing to evaluate")
-    from bert_jax.data import checks, shards, tfrecord
+    from bert_jax.data import shards, tfrecord  # TensorFlow: the tfrecord source only
     files = shards.expand_files(cfg.eval_files)
     return tfrecord.EvalIterable(cfg, files, process_index=index, process_count=count,
                                  local_batch=local_batch,
@@ -236,14 +201,13 @@ def check_input(cfg, *, process_index: int | None = None,
     _check_source(cfg)
     if cfg.source == "synthetic":
         return
-    from bert_jax.data import checks
     index, count = _hosts(process_index, process_count)
     vocab = vocab_info(cfg, with_unk=True)
     for what, patterns in (("data.train_files", cfg.train_files),
                            ("data.eval_files", cfg.eval_files)):
         if not patterns:
             continue
-        from bert_jax.data import shards
+        from bert_jax.data import shards  # TensorFlow: the tfrecord source only
         files, _ = shards.shard_files(shards.expand_files(patterns), index, count)
         warning = checks.check_files(
             files, max_seq_length=cfg.max_seq_length,

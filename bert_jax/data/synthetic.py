@@ -17,6 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from bert_jax.data import state as state_lib
+from bert_jax.data.tokenization import vocab_info
 
 
 def synthetic_batch(rng: np.random.Generator, local_batch: int, max_seq_length: int,
@@ -62,9 +63,8 @@ class SyntheticIterator:
     """Endless synthetic batches with get_state / set_state / save / restore."""
 
     def __init__(self, cfg, *, process_index: int, process_count: int, local_batch: int):
-        from bert_jax.data import pretrain  # vocab_info; pretrain imports no TF
         self._cfg = cfg
-        self._vocab = pretrain.vocab_info(cfg)
+        self._vocab = vocab_info(cfg)
         self.process_index, self.process_count = process_index, process_count
         self.local_batch = local_batch
         self.batches = 0

@@ -51,8 +51,10 @@ import tensorflow as tf
 from tensorflow.python.ops import gen_dataset_ops
 
 from bert_jax.data import features as features_lib
+from bert_jax.data import masking
 from bert_jax.data.checks import DataCheckError, files_named
 from bert_jax.data import state as state_lib
+from bert_jax.data.tokenization import vocab_info
 from bert_jax.data.shards import (CorruptShardError, InputReadError, count_records,
                                   find_corrupt, short_error)
 
@@ -96,9 +98,8 @@ def parse_batch(serialized, max_seq_length: int, max_predictions_per_seq: int,
 
 
 def mask_params(cfg) -> dict[str, Any]:
-    from bert_jax.data import pretrain  # special ids (vocab file or config)
     return dict(max_predictions_per_seq=cfg.max_predictions_per_seq,
-                masked_lm_prob=cfg.masked_lm_prob, **pretrain.vocab_info(cfg))
+                masked_lm_prob=cfg.masked_lm_prob, **vocab_info(cfg))
 
 
 # ---------------------------------------------------------------- datasets
@@ -121,9 +122,8 @@ def _signature(cfg, files, process_index, process_count, local_batch,
 def _read_parallelism(cfg, files: Sequence[str]) -> dict[str, Any]:
     """Interleave threads. Same record order either way (deterministic): only cost differs.
 
-    On local files the pipeline's own thread reads fastest (on this 2-core machine ~15% less
-    CPU per example than AUTOTUNE threads); remote files (gs://...) need parallel reads to
-    hide latency.
+    On local files the pipeline's own thread reads with the least CPU per example
+    (benchmarks/RESULTS.md); remote files (gs://...) need parallel reads to hide latency.
     """
     threads = cfg.read_threads
     if threads == -1:
@@ -187,7 +187,6 @@ def train_dataset(cfg, files: Sequence[str], *, process_index: int, process_coun
         base_seed = tf.constant([cfg.seed, process_index], tf.int64)
 
         def parse(index, serialized):
-            from bert_jax.data import masking
             batch = parse_batch(serialized, seq, preds)
             seed = tf.random.experimental.stateless_fold_in(base_seed, index)
             return masking.remask(batch, seed, **params)

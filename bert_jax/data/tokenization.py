@@ -359,3 +359,38 @@ def load_tokenizer(vocab_file: str | None = None, spm_model_file: str | None = N
     if spm_model_file:
         return SentencePieceTokenizer(spm_model_file, do_lower_case=do_lower_case)
     return WordPieceTokenizer(vocab_file, do_lower_case=do_lower_case)
+
+
+def vocab_info(cfg, with_unk: bool = False) -> dict[str, int]:
+    """vocab_size and the special ids (pad / cls / sep / mask; with_unk: and unk_id, None
+    for a vocabulary without [UNK]), from data.vocab_file if set.
+
+    data.vocab_file: a WordPiece vocab.txt (one token per line; gs:// works) or a
+    SentencePiece `.model` (load_tokenizer). A vocabulary without [PAD]
+    pads with id 0, as the original tool does.
+    """
+    unk = {}
+    if cfg.get("vocab_file"):
+        if str(cfg.vocab_file).endswith(".model"):
+            tok = load_tokenizer(spm_model_file=cfg.vocab_file)
+            unk = {"unk_id": tok.unk_id} if with_unk else {}
+            return dict(vocab_size=tok.vocab_size, pad_id=tok.pad_id, cls_id=tok.cls_id,
+                        sep_id=tok.sep_id, mask_id=tok.mask_id, **unk)
+        path = epath.Path(cfg.vocab_file)
+        if not path.exists():
+            raise FileNotFoundError(f"data.vocab_file {cfg.vocab_file} does not exist")
+        lines = path.read_text().split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        tokens = [line.strip() for line in lines]
+        index = {tok: i for i, tok in enumerate(tokens)}  # later duplicates win (original)
+        ids = {"pad_id": index.get("[PAD]", 0)}
+        for key, tok in (("cls_id", "[CLS]"), ("sep_id", "[SEP]"), ("mask_id", "[MASK]")):
+            if tok not in index:
+                raise ValueError(f"{cfg.vocab_file}: no {tok} token in the vocabulary")
+            ids[key] = index[tok]
+        unk = {"unk_id": index.get("[UNK]")} if with_unk else {}
+        return dict(vocab_size=len(tokens), **ids, **unk)
+    unk = {"unk_id": cfg.get("unk_id", 100)} if with_unk else {}
+    return dict(vocab_size=cfg.vocab_size, pad_id=cfg.pad_id, cls_id=cfg.cls_id,
+                sep_id=cfg.sep_id, mask_id=cfg.mask_id, **unk)

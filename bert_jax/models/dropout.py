@@ -4,11 +4,9 @@
 
 Why hand-written: flax's `nn.Dropout` draws `jax.random.bernoulli`, which with the default
 (partitionable) threefry PRNG runs a full 20-round Threefry-2x32 block for every element.
-On CPU that is the single largest non-matmul cost of a BERT step: BERT-Base at batch 8 x 128
-draws ~39M dropout bits per step (12 layers x (attention probabilities [b, h, q, k] + two
-hidden [b, q, embed]) + the embeddings), ~0.6 s of a ~4.8 s step on the 2-core machine;
-jax's "rbg" / "unsafe_rbg" PRNGs only take ~20% off that. No library offers a cheaper
-dropout mask, so:
+On CPU that is the single largest non-matmul cost of a BERT step (benchmarks/RESULTS.md), and
+jax's "rbg" / "unsafe_rbg" PRNGs take little off it. No library offers a cheaper dropout
+mask, so:
 
   * one threefry draw per call (the flax `dropout` rng, so seeds, `fold_in(rng, step)`,
     `nn.scan`'s split rngs and resume-exactness behave exactly as with nn.Dropout) gives two

@@ -71,11 +71,9 @@ def gelu_erf(x):
     """The exact GELU, x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))): the formula PyTorch's
     `gelu` (so transformers' "gelu") and TF's `gelu(approximate=False)` evaluate.
     jax.nn.gelu(approximate=False) computes the same function through erfc(-x / sqrt(2)),
-    whose XLA:CPU expansion (and its derivative) made a BERT-Base FFN block's forward +
-    backward 1.5x slower than this form (415 vs 273 ms at batch 8 x 128 on the 2-core
-    machine; in the whole pre-training step the difference was within the machine's noise).
-    Both are within float32 rounding of the float64 GELU and of its derivative
-    (tests/models/test_layers.py)."""
+    whose XLA:CPU expansion (and its derivative) is slower than this form
+    (benchmarks/RESULTS.md). Both are within float32 rounding of the float64 GELU and of
+    its derivative (tests/models/test_layers.py)."""
     half = jnp.asarray(0.5, x.dtype)
     return x * half * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 

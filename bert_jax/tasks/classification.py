@@ -9,11 +9,24 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax.data.task_readers import DataError, PairExample
+from bert_jax.tasks.readers import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class PairExample:
+    """One sentence (text_b None) or sentence-pair example. label: class name, a float string
+    (regression), or None (unlabeled test set). guid: the id used in submission files."""
+
+    guid: str
+    text_a: str
+    text_b: Optional[str]
+    label: Optional[str]
 
 
 def truncate_pair(a: list, b: Optional[list], max_tokens: int) -> None:
@@ -86,22 +99,25 @@ def convert_examples(examples: Sequence[PairExample], tokenizer, max_seq_length:
 def classification_loss(logits, batch: Mapping[str, jnp.ndarray]):
     """Weighted mean cross-entropy (logits [batch, C], C > 1) or squared error (C == 1,
     regression as STS-B). batch: label_ids [batch], example_weights [batch] (0 = filler).
-    Returns (loss, metrics) with the sums behind each mean, so they add up across steps."""
+    Returns (loss, metrics) with the sums behind each mean, so they add up across steps
+    (no correct / accuracy for a regression)."""
     logits = logits.astype(jnp.float32)
     w = batch["example_weights"].astype(jnp.float32)
     count = jnp.sum(w)
     if logits.shape[-1] == 1:
         err = logits[:, 0] - batch["label_ids"].astype(jnp.float32)
         per_example = err * err
-        correct = jnp.zeros([], jnp.float32)
+        correct = None
     else:
         labels = batch["label_ids"].astype(jnp.int32)
         per_example = optax.softmax_cross_entropy_with_integer_labels(logits, labels)
         correct = jnp.sum((jnp.argmax(logits, -1) == labels) * w)
     loss_sum = jnp.sum(per_example * w)
     loss = loss_sum / jnp.maximum(count, 1e-5)
-    return loss, {"loss": loss, "loss_sum": loss_sum, "count": count, "correct": correct,
-                  "accuracy": correct / jnp.maximum(count, 1e-5)}
+    metrics = {"loss": loss, "loss_sum": loss_sum, "count": count}
+    if correct is not None:  # classes (a regression has no accuracy)
+        metrics.update(correct=correct, accuracy=correct / jnp.maximum(count, 1e-5))
+    return loss, metrics
 
 
 def predictions_from_logits(logits: np.ndarray) -> np.ndarray:

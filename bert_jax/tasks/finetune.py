@@ -1,56 +1,41 @@
-"""The fine-tuning driver: task + pretrained encoder -> trained heads, dev metrics,
-prediction files, N restarts summarised. `launch/train.py` calls `run` for configs with a
-task section (task.kind glue / squad / ner / choice):
+"""The fine-tuning driver: a thin sweep over the one training loop (bert_jax.train.loop).
+`launch/train.py` calls `run` for configs with a task section:
 
-    python launch/train.py --config=configs/glue.py:mrpc \
+    python launch/train.py --config=configs/glue.py:mrpc --workdir=/tmp/mrpc \
         --config.train.init_checkpoint=<model dir | HF dir | pre-training workdir> \
-        --config.task.data_dir=glue_data/MRPC --workdir=/tmp/mrpc
+        --config.task.data_dir=glue_data/MRPC
 
-Each run (bert_jax.tasks.finetune_run) trains on the device mesh of `config.mesh` with
-AdamW (decay masked off LayerNorm / bias), linear warmup over `schedule.warmup_ratio` of the
-steps then linear decay, dropout from the model config, and checkpoints under
-run_<i>/checkpoints. `train.num_restarts` runs seeds seed..seed+N-1 (times each lr of
-`schedule.lr_grid`, if set), keeps the best on the first dev set by the task's main metric,
-and reports mean and std. Restarting the same command resumes: finished runs are read back
-from WORKDIR/metrics.jsonl, the interrupted one continues from its latest checkpoint; SIGTERM
-saves the current run and returns ({"preempted": True}). The workdir, the task files and the
-feature cache may be local or in a bucket (gs://...; bert_jax.paths). Writes, in workdir
-(process 0):
-    metrics.jsonl          one line per finished run ("dev/accuracy", "train/seconds", ...),
-                           then a "summary" line ("dev/accuracy_mean", "_std", best_run, ...)
-    run_<i>/...            each run's prediction files, its metrics.jsonl (train/loss every
-                           log_every steps, final eval), TensorBoard events, checkpoints/
-                           (removed once the run is recorded if checkpoint.delete_finished)
-    best_model/            the best run as a model directory (config + params + vocab)
-
-`train.do_train=False` trains nothing: it evaluates and predicts every eval set with the
-fine-tuned model of `train.init_checkpoint`, its task head included (bert_jax/tasks/predict.py).
+Each run is `loop.train` in WORKDIR/run_<i> (checkpoints, resume, SIGTERM, the gates,
+profiling and MFU as pre-training). `sweep.restarts` seeds times each of `sweep.lrs` run in
+order; runs of one rate share their compiled step. The best on the first dev set by the
+task's main metric is kept in WORKDIR/best_model (a model directory), and WORKDIR/metrics.jsonl
+gets one line per finished run, then a summary line (mean, std, best run). The same command
+again reads the finished runs back and resumes the interrupted one; SIGTERM saves it and
+returns {"preempted": True, ...}. `train.do_train=False` evaluates and predicts with a
+fine-tuned model instead (bert_jax/tasks/predict.py).
 """
 
 from __future__ import annotations
 
 import json
-import math
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import jax
 import numpy as np
 from absl import logging
 from etils import epath
 
-from bert_jax import optim, paths
-from bert_jax.data.tasks_input import num_rows
-from bert_jax.models.config import ConfigError
+from bert_jax import paths
+from bert_jax.convert.model_dir import save_model_dir
+from bert_jax.convert.sources import InitSource, open_source
+from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.models.config import BertConfig, ConfigError, from_config_dict
 from bert_jax.tasks import metrics as metrics_lib
-from bert_jax.tasks.finetune_run import MeshSetup, train_and_evaluate
-from bert_jax.tasks.init_checkpoint import InitSource, check_encoder, open_init_checkpoint
-
-
-def total_train_steps(config, n_train: int) -> int:
-    if config.train.max_steps > 0:
-        return int(config.train.max_steps)
-    return max(1, int(math.ceil(n_train * float(config.train.num_epochs)
-                                / int(config.train.batch_size))))
+from bert_jax.tasks import predict as predict_lib
+from bert_jax.tasks.inputs import num_rows
+from bert_jax.tasks.registry import task_from_config
+from bert_jax.train import loop
+from bert_jax.train.config import check_sections
 
 
 def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
@@ -58,11 +43,9 @@ def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
     of the checkpoint or None)."""
     source = None
     if config.train.init_checkpoint:
-        source = open_init_checkpoint(config.train.init_checkpoint)
+        source = open_source(config.train.init_checkpoint)
         bert_config = source.config
     else:
-        from bert_jax.models.config import from_config_dict
-
         bert_config = from_config_dict(config.model)
     vocab = source.vocab if source is not None else None
     bert_config = bert_config.replace(**{k: v for k, v in config.model_overrides.to_dict().items()
@@ -74,13 +57,10 @@ def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
 
 
 def _check_model_config(config, source: Optional[InitSource], used) -> None:
-    """The run's model (`used`) is the init checkpoint's config, or `config.model` without
-    one, plus `config.model_overrides`. Fail, naming the key, where a setting would
-    otherwise be dropped without a word: a `config.model` key set away from its default to a
-    value the run does not use (beside a checkpoint, or under an override), or a layout
-    override that a pre-training workdir (restored shard by shard as saved) cannot honour."""
-    from bert_jax.models.config import BertConfig
-
+    """The run's model (`used`) is the checkpoint's config (or `config.model`) plus
+    `config.model_overrides`: a ConfigError names a setting that would be dropped without a
+    word (a changed `config.model` key the run does not use, or a layout override a
+    pre-training workdir, restored as saved, cannot honour)."""
     where = (f"train.init_checkpoint={config.train.init_checkpoint}" if source is not None
              else "config.model")
     if (source is not None and source.kind == "workdir"
@@ -137,16 +117,12 @@ def finished_runs(workdir: str, plan: list[tuple[float, int]]) -> list[dict]:
     return done
 
 
-def run(config, workdir: str, progress: bool = True,
-        after_step: Optional[Callable[[int], None]] = None) -> dict:
-    """Every run of the config (restarts x lr grid), resuming what a previous call left;
-    returns the summary dict ({"preempted": True, ...} if SIGTERM stopped a run)."""
-    from bert_jax.data.tokenization import load_tokenizer
-    from bert_jax.tasks.registry import task_from_config
-
+def run(config, workdir: str, progress: bool = True, after_step=None) -> dict:
+    """Every run of the config (restarts x learning rates), resuming what a previous call
+    left; returns the summary dict ({"preempted": True, ...} if SIGTERM stopped a run)."""
+    check_sections(config)
     workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
-    optim.check_optimizer(config.optimizer)  # before any data is read
-    is_main = jax.process_index() == 0
+    loop.precheck(config)  # optimizer, mesh and batch sizes: before any data is read
     bert_config, source, vocab = model_and_init(config)
     vocab = config.tokenizer.vocab_file or vocab
     if not vocab and not config.train.init_checkpoint:
@@ -163,9 +139,7 @@ def run(config, workdir: str, progress: bool = True,
     task = task_from_config(config, vocab_file=vocab)
     paths.makedirs(workdir)  # once the checkpoint, vocabulary and task are known to be there
     if not config.train.do_train:  # predict with a fine-tuned model: no training data read
-        from bert_jax.tasks.predict import predict
-
-        return predict(config, workdir, task, tokenizer, bert_config, source)
+        return predict_lib.predict(config, workdir, task, tokenizer, bert_config, source)
     train_features = task.train_features(tokenizer)
     eval_sets = task.eval_sets(tokenizer)
     logging.info("%d training features; eval sets %s", num_rows(train_features),
@@ -173,52 +147,61 @@ def run(config, workdir: str, progress: bool = True,
     labeled = [e.name for e in eval_sets if e.labeled]
     if not labeled:
         raise ConfigError("no labelled eval set to pick the best run on (dev data missing?)")
-    main_set = labeled[0]
-    setup = MeshSetup.from_config(config, task, bert_config,
-                                  int(train_features["input_ids"].shape[-1]))
-    total = total_train_steps(config, num_rows(train_features))
-    lrs = [float(x) for x in (list(config.schedule.lr_grid) or [config.schedule.lr])]
-    plan = [(lr, int(config.train.seed) + r) for lr in lrs
-            for r in range(int(config.train.num_restarts))]
+    task.prepare(config, bert_config, train_features, eval_sets, source)
+    return _sweep(config, workdir, task, labeled, vocab, progress, after_step)
+
+
+def plan_of(config) -> list[tuple[float, int]]:
+    """(learning rate, seed) of each run of the sweep, in order."""
+    lrs = [float(x) for x in (list(config.sweep.lrs) or [config.schedule.lr])]
+    return [(lr, int(config.train.seed) + r) for lr in lrs
+            for r in range(int(config.sweep.restarts))]
+
+
+def run_config(config, lr: float, seed: int):
+    """The config of one run of the sweep: `config` with this run's rate and seed."""
+    c = config.copy_and_resolve_references()
+    c.schedule.lr, c.train.seed = float(lr), int(seed)
+    return c
+
+
+def _sweep(config, workdir, task, labeled, vocab, progress, after_step) -> dict:
+    is_main = jax.process_index() == 0
+    plan = plan_of(config)
     runs = finished_runs(workdir, plan)
-    steps_cache: dict = {}
-
-    def steps_for(lr):
-        if lr not in steps_cache:
-            steps_cache[lr] = setup.steps_for(config, lr, total)
-            if source is not None:  # shapes only: fails before any compile
-                check_encoder(source, steps_cache[lr].abstract.params["bert"],
-                              bert_config.scan_layers, bert_config.num_hidden_layers)
-        return steps_cache[lr]
-
     if runs and is_main:
         print(f"{workdir}: {len(runs)} of {len(plan)} runs already done", flush=True)
-    steps_for(plan[len(runs)][0] if len(runs) < len(plan) else lrs[0])
+    programs: dict = {}   # learning rate -> the loop's compiled programs, shared by restarts
     metrics_path = paths.join(workdir, "metrics.jsonl")
+    main_set, kind = labeled[0], task.title
     for i in range(len(runs), len(plan)):
         lr, seed = plan[i]
         run_dir = paths.join(workdir, f"run_{i}")
-        outcome = train_and_evaluate(setup, steps_for(lr), source, train_features, eval_sets,
-                                     config, seed, run_dir, progress, after_step)
+        task.title = f"{kind} run {i} (seed {seed}, lr {lr:g})"
+        outcome = loop.train(run_config(config, lr, seed), run_dir, task,
+                             programs=programs.get(lr), progress=progress,
+                             after_step=after_step)
+        programs[lr] = outcome.programs
         if outcome.preempted:
             return {"preempted": True, "runs_done": len(runs), "runs": len(plan)}
-        results = outcome.results
+        results = run_results(outcome.summary, task.eval_data)
         runs.append({"run": i, "seed": seed, "lr": lr, "results": results})
         key = task.main_metric
         score = results[main_set].get(key, float("nan"))
         best_so_far = all(score > x["results"][main_set].get(key, float("nan"))
                           for x in runs[:-1])
-        if best_so_far and config.train.save_best_model:
-            _save_best(workdir, outcome.params, bert_config, vocab)
+        if best_so_far and config.sweep.save_best_model:
+            _save_best(workdir, outcome.params, task.model_config, vocab)
         if is_main:
             record = {"run": i, "seed": seed, "lr": lr}
             record.update({f"{name}/{k}": v for name, m in results.items()
                            for k, v in m.items()})
             _append_line(metrics_path, record)
-            if config.checkpoint.delete_finished and jax.process_count() == 1:
+            if config.sweep.delete_finished and jax.process_count() == 1:
                 paths.rmtree(paths.join(run_dir, "checkpoints"))
         logging.info("run %d (seed %d, lr %g): %s %s", i, seed, lr, main_set,
                      results[main_set])
+    task.title = kind
     summary = summarize(runs, labeled, task.main_metric)
     if is_main:
         if summary != _last_record(metrics_path):  # not again when nothing was left to do
@@ -226,6 +209,16 @@ def run(config, workdir: str, progress: bool = True,
         for name in labeled:
             print(results_table(runs, name, task.main_metric, best=summary["best_run"]))
     return summary
+
+
+def run_results(summary: dict, eval_sets) -> dict:
+    """A run's {eval set: metrics} from the loop's summary, plus "train": seconds, steps
+    and the last logged loss."""
+    results = {e.name: {k.split("/", 1)[1]: v for k, v in summary.items()
+                        if k.startswith(f"{e.name}/")} for e in eval_sets}
+    results["train"] = {"seconds": summary["train_seconds"], "steps": summary["step"],
+                        "final_loss": summary.get("train/loss", float("nan"))}
+    return results
 
 
 def _append_line(path: str, record: dict) -> None:
@@ -266,8 +259,6 @@ def _save_best(workdir, params, bert_config, vocab) -> None:
     barrier until it is in place."""
     from jax.experimental import multihost_utils
 
-    from bert_jax.convert.model_dir import save_model_dir
-
     if jax.process_count() > 1:
         host = multihost_utils.process_allgather(params, tiled=True)
     else:
@@ -299,27 +290,3 @@ def results_table(runs, main_set: str, key: str, best: Optional[int] = None) -> 
         best = int(np.nanargmax([x["results"][main_set][key] for x in runs]))
     lines.insert(0, f"== {main_set} (best run by {key} on the first dev set: {best}) ==")
     return "\n".join(lines)
-
-
-def main(argv: Any) -> None:
-    from absl import app, flags
-
-    if len(argv) > 1:
-        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:  # orbax logs every save at INFO
-        logging.set_verbosity(logging.WARNING)
-    config = flags.FLAGS.config
-    run(config, flags.FLAGS.workdir)
-
-
-if __name__ == "__main__":
-    from absl import flags
-    from ml_collections import config_flags
-
-    config_flags.DEFINE_config_file("config", None, "fine-tuning config file", lock_config=True)
-    flags.DEFINE_string("workdir", None, "output directory")
-    flags.mark_flags_as_required(["config", "workdir"])
-    from bert_jax import cli
-    from bert_jax.train.config import check_config_flag
-
-    cli.run(main, diagnose=check_config_flag, also=(FileNotFoundError,))

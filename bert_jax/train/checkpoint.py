@@ -32,19 +32,17 @@ A checkpoint of another model shape is a CheckpointMismatchError, before any ten
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 from typing import Any, Optional
 
 import flax
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from etils import epath
 
 from bert_jax import paths
-from bert_jax.data.checkpointing import InputStateHandler, InputStateRestore, InputStateSave
+from bert_jax.convert.sources import plain, reader
+from bert_jax.data.checkpointing import InputStateRestore, InputStateSave
 from bert_jax.errors import ReportedError
 from bert_jax.train import checkpoint_faults as faults
 from bert_jax.train.state import TrainState
@@ -52,8 +50,6 @@ from bert_jax.train.state import TrainState
 log = logging.getLogger(__name__)
 
 ITEMS = ("state", "data", "config")
-# Raw data of the run's RNG key (jax's default implementation, threefry: uint32[2]).
-_KEY_DATA = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
 
 
 class Checkpointer:
@@ -197,11 +193,14 @@ class Checkpointer:
             f"earlier step as WORKDIR/checkpoints/<step> (saved: {sorted(self.all_steps())})")
 
     def _restore(self, abstract_state, data_iterator, step, rng_sharding):
+        # Raw data of the run's RNG key (jax's default implementation, threefry: uint32[2]);
+        # traced here, not at import: jax.distributed.initialize comes first.
+        key_data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
         check_shapes(self.directory, step, abstract_state.params, partial=False,
                      remedy="resume with the config that wrote it, or use a new --workdir")
         target = {"step": abstract_state.step, "params": abstract_state.params,
                   "opt_state": abstract_state.opt_state,
-                  "rng": jax.ShapeDtypeStruct(_KEY_DATA.shape, _KEY_DATA.dtype,
+                  "rng": jax.ShapeDtypeStruct(key_data.shape, key_data.dtype,
                                               sharding=rng_sharding)}
         restored = self.manager.restore(
             step, args=ocp.args.Composite(
@@ -257,7 +256,7 @@ def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
     CheckpointMismatchError naming a differing parameter and both shapes. `partial`: only
     the parameters of `abstract_params` must be there (a warm start's encoder). A checkpoint
     whose metadata cannot be read is left to the restore (which reports the damage)."""
-    manager = _reader(directory)
+    manager = reader(directory)
     try:
         meta = manager.item_metadata(step)["state"]["params"]
     except Exception:  # noqa: BLE001
@@ -265,11 +264,11 @@ def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
     finally:
         manager.close()
     saved = {k: tuple(v.shape) for k, v in flax.traverse_util.flatten_dict(
-        _plain(meta)).items() if hasattr(v, "shape")}
+        plain(meta)).items() if hasattr(v, "shape")}
     if not saved:  # metadata without shapes (another writer): nothing to compare
         return
     wanted = {k: tuple(v.shape) for k, v in flax.traverse_util.flatten_dict(
-        _plain(abstract_params)).items()}
+        plain(abstract_params)).items()}
     differ = sorted(k for k in wanted if saved.get(k) != wanted[k])
     if not partial:
         differ += sorted(k for k in saved if k not in wanted)
@@ -279,125 +278,6 @@ def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
             f"{directory}/{step} holds another model than the config: params/{'/'.join(k)} "
             f"is {saved.get(k, 'missing')} there, {wanted.get(k, 'missing')} in the config "
             f"({len(differ)} parameter(s) differ); {remedy}")
-
-
-def _plain(tree) -> dict:
-    """A nested plain dict (FrozenDict and orbax's metadata mappings unwrapped)."""
-    if hasattr(tree, "items"):
-        return {k: _plain(v) for k, v in tree.items()}
-    return tree
-
-
-def locate(path: str) -> Optional[tuple[str, Optional[int]]]:
-    """A run's checkpoint named as WORKDIR, WORKDIR/checkpoints or WORKDIR/checkpoints/<step>
-    -> (WORKDIR, step, None meaning the latest); None if `path` is none of these."""
-    path = paths.resolve(path)
-    parent, name = os.path.split(path)
-    if os.path.basename(parent) == "checkpoints" and name.isdigit() and paths.is_dir(parent):
-        return os.path.dirname(parent), int(name)
-    for cand in (path, parent):
-        if paths.is_dir(os.path.join(cand, "checkpoints")):
-            return cand, None
-    return None
-
-
-def saved_steps(workdir: str) -> list[int]:
-    """The steps saved under WORKDIR/checkpoints (folders named by a step with a state/
-    item; temporary and set-aside folders are not steps), without opening a manager."""
-    directory = epath.Path(paths.join(workdir, "checkpoints"))
-    if not directory.is_dir():
-        return []
-    return sorted(int(p.name) for p in directory.iterdir()
-                  if p.name.isdigit() and (p / "state").is_dir())
-
-
-def pick_step(directory: str, steps: list[int], step: Optional[int], what: str) -> int:
-    """`step` (None: the latest) if it is among the saved `steps` (orbax's list, less any
-    step directory without a state/ item: an empty or foreign folder named like a step);
-    else a FileNotFoundError naming `what`, the directory and the steps there are."""
-    steps = [s for s in steps if paths.is_dir(os.path.join(directory, str(s), "state"))]
-    if step is None:
-        if not steps:
-            raise FileNotFoundError(f"{what}: no checkpoint in {directory}")
-        return max(steps)
-    if step not in steps:
-        raise FileNotFoundError(f"{what}: no checkpoint at step {step} in {directory}; "
-                                f"saved steps: {sorted(steps) or 'none'}")
-    return step
-
-
-@dataclasses.dataclass
-class SavedRun:
-    """One saved step of a training run, opened by `open_run` without reading any array.
-    config: the run's config as saved (a dict); params: orbax's metadata of the params
-    tree (shape and dtype of every leaf)."""
-
-    path: str
-    workdir: str
-    step: int
-    config: dict
-    params: Any
-
-    @property
-    def directory(self) -> str:
-        return os.path.join(self.workdir, "checkpoints")
-
-    @property
-    def vocab_file(self) -> Optional[str]:
-        """The run's data.vocab_file, if it names a file that (still) exists."""
-        vocab = (self.config.get("data") or {}).get("vocab_file") or None
-        return vocab if vocab and paths.is_file(vocab) else None
-
-    def read_params(self) -> dict:
-        """The params of this step as host numpy arrays (no optimizer state is read)."""
-        item = {"params": jax.tree_util.tree_map(
-            lambda a: np.zeros((0,), a.dtype), self.params)}
-        args = jax.tree_util.tree_map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), item)
-        manager = _reader(self.directory)
-        try:
-            restored = manager.restore(self.step, args=ocp.args.Composite(
-                state=ocp.args.PyTreeRestore(item=item, restore_args=args,
-                                             partial_restore=True)))
-        finally:
-            manager.close()
-        return restored["state"]["params"]
-
-
-def _reader(directory: str) -> ocp.CheckpointManager:
-    # Handlers named up front: a fresh manager cannot read an item's metadata without them.
-    return ocp.CheckpointManager(
-        directory, options=ocp.CheckpointManagerOptions(create=False),
-        item_handlers={"state": ocp.PyTreeCheckpointHandler(),
-                       "config": ocp.JsonCheckpointHandler(), "data": InputStateHandler()})
-
-
-def open_run(path: str, what: str) -> SavedRun:
-    """The run saved at `path` (WORKDIR, WORKDIR/checkpoints: the latest step;
-    WORKDIR/checkpoints/<step>: that step): its config and its params' shapes. Errors name
-    `what` (e.g. "train.init_checkpoint=...") and, for a missing step, the saved ones."""
-    found = locate(path)
-    if found is None:
-        raise FileNotFoundError(f"{what}: {path} is not a training run (WORKDIR, "
-                                f"WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
-    workdir, step = found
-    directory = os.path.join(workdir, "checkpoints")
-    manager = _reader(directory)
-    try:
-        step = pick_step(directory, list(manager.all_steps()), step, what)
-        config = manager.restore(step, args=ocp.args.Composite(
-            config=ocp.args.JsonRestore()))["config"]
-        meta = manager.item_metadata(step)["state"]
-    finally:
-        manager.close()
-    where = f"{what} (step {step})"
-    if not isinstance(config, dict) or "model" not in config:
-        raise ValueError(f"{where}: the checkpoint's config has no 'model' section")
-    try:
-        params = meta["params"]
-        params["bert"]
-    except (KeyError, TypeError):
-        raise ValueError(f"{where}: no params/bert (encoder) in the checkpoint") from None
-    return SavedRun(path, workdir, step, config, params)
 
 
 def to_numpy(tree):

@@ -1,20 +1,21 @@
-"""The non-model sections of a run config, with the paper's defaults.
+"""The sections of a run config (pre-training and every fine-tuning task share them), with
+the paper's defaults, the keys that moved, and loading a config from Python.
 
+    config.train       batch_size, eval_batch_size, steps or epochs, seed, accum_steps,
+                       log_every, eval_every, eval_steps, init_checkpoint, init_state,
+                       random_init, do_train, skip_nonfinite, deterministic, tensorboard,
+                       profile_steps, profile_start
+    config.schedule    lr, warmup_steps (< 0: warmup_ratio of the steps), warmup_ratio, decay,
+                       power, end_lr, total_steps (-1: the run's steps)
     config.optimizer   name (adamw | lamb), b1, b2, eps, weight_decay, clip_norm, layer_decay
-    config.schedule    lr, warmup_steps, decay (linear | polynomial | cosine | constant),
-                       power, end_lr, total_steps (-1: train.steps; set it larger to decay
-                       over two phases)
-    config.train       steps, seed, accum_steps, log_every, eval_every, eval_steps,
-                       init_checkpoint, init_state, skip_nonfinite, deterministic,
-                       tensorboard, profile_steps, profile_start
     config.mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules
-    config.checkpoint  every (> 0: every N steps and at the end; 0: at the end only; a
-                       SIGTERM always saves), keep, keep_period, async_save
+    config.checkpoint  every (0: at the end only), keep, keep_period, async_save
+    config.sweep       fine-tuning: lrs, restarts, save_best_model, delete_finished
 
-configs/*.py build a ConfigDict from these plus `model` (bert_jax.models.config) and `data`
-(bert_jax.data); launch/train.py locks it, so `--config.train.stepz=1` is an error. From
-Python (a notebook), `load_config("configs/bert_tiny.py", {"train.steps": 100})` does the
-same: the file's get_config(arg), locked, with dotted overrides.
+Pre-training configs add `model` and `data`; fine-tuning configs `task`, `tokenizer`,
+`model_overrides` and `sweep` (bert_jax.tasks.registry). `load_config("configs/bert_tiny.py",
+{"train.steps": 100})` does from Python what launch/train.py does: get_config(arg), locked,
+with dotted overrides; an unknown key is an error, a moved one names its new place.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 import difflib
 import glob
 import importlib.util
+import math
 import os
 from typing import Any, Mapping, Optional, Sequence
 
@@ -30,6 +32,7 @@ import ml_collections
 from bert_jax.errors import UserError
 from bert_jax.models.config import ConfigError
 from bert_jax.sharding import DEFAULT_RULES
+from bert_jax.data.pretrain import data_config
 
 
 def optimizer_config(**overrides) -> ml_collections.ConfigDict:
@@ -42,26 +45,33 @@ def optimizer_config(**overrides) -> ml_collections.ConfigDict:
 
 def schedule_config(**overrides) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(dict(
-        lr=1e-4, warmup_steps=10_000, decay="linear", power=1.0, end_lr=0.0, total_steps=-1))
+        lr=1e-4, warmup_steps=10_000, warmup_ratio=0.0, decay="linear", power=1.0,
+        end_lr=0.0, total_steps=-1))
     c.update(overrides)
     return c
 
 
 def train_config(**overrides) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(dict(
-        steps=1_000_000,
+        batch_size=256,          # GLOBAL examples per optimizer step (every process's share)
+        eval_batch_size=0,       # GLOBAL; 0: batch_size
+        steps=1_000_000,         # > 0: optimizer steps; <= 0: from epochs
+        epochs=0.0,              # passes over a finite training set (fine-tuning)
         seed=0,
-        # Micro-batches per optimizer step: data.batch_size is the large batch, each
-        # micro-batch is batch_size / accum_steps (scanned inside one jitted step).
+        # Micro-batches per optimizer step: batch_size is the large batch, each micro-batch
+        # is batch_size / accum_steps (scanned inside one jitted step).
         accum_steps=1,
         log_every=100,
         eval_every=10_000,       # > 0: every N steps and at the end; 0: at the end; < 0: never
         eval_steps=-1,           # eval batches per evaluation; -1: the whole eval set
-        # Warm start: a model directory (bert_jax.convert) or another run's workdir.
+        # Warm start: a model directory (bert_jax.convert), a Hugging Face directory, or
+        # another run's workdir. Fine-tuning: the pretrained encoder.
         init_checkpoint="",
         # What to take from a workdir init_checkpoint: "params", or "full" = params,
         # optimizer state, step and RNG (phase 2 continuing phase 1's schedule).
         init_state="params",
+        random_init=False,       # fine-tuning control run: the architecture, fresh weights
+        do_train=True,           # fine-tuning: False evaluates / predicts init_checkpoint
         skip_nonfinite=False,    # False: stop naming the step; True: skip that update
         deterministic=False,     # True: no dropout (tests, debugging)
         tensorboard=True,        # event files under WORKDIR/tensorboard (metrics.jsonl always)
@@ -70,6 +80,19 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         # profile tab or xprof.
         profile_steps=0,
         profile_start=5,
+    ))
+    c.update(overrides)
+    return c
+
+
+def sweep_config(**overrides) -> ml_collections.ConfigDict:
+    """Fine-tuning's restarts x learning rates (bert_jax.tasks.finetune): the paper's
+    several random restarts on small sets, best on dev."""
+    c = ml_collections.ConfigDict(dict(
+        lrs=(),                  # learning rates to try, e.g. (5e-5, 3e-5, 2e-5); (): schedule.lr
+        restarts=1,              # seeds train.seed .. train.seed + restarts - 1 per rate
+        save_best_model=True,    # WORKDIR/best_model: the best run as a model directory
+        delete_finished=True,    # drop run_<i>/checkpoints once its results are recorded
     ))
     c.update(overrides)
     return c
@@ -92,11 +115,9 @@ def checkpoint_config(**overrides) -> ml_collections.ConfigDict:
 
 
 def checkpoint_every(config) -> int:
-    """config.checkpoint.every as both loops read it: N > 0 saves every N steps, 0 saves at
+    """config.checkpoint.every as the loop reads it: N > 0 saves every N steps, 0 saves at
     the end only (a SIGTERM saves in either case); a negative value is a ConfigError (a run
     that never saves could not resume)."""
-    from bert_jax.models.config import ConfigError
-
     every = int(config.checkpoint.every)
     if every < 0:
         raise ConfigError(f"config.checkpoint.every={every}: expected N > 0 (save every N "
@@ -106,7 +127,7 @@ def checkpoint_every(config) -> int:
 
 def add_training_sections(config: ml_collections.ConfigDict, *, optimizer=None, schedule=None,
                           train=None, mesh=None, checkpoint=None) -> ml_collections.ConfigDict:
-    """Adds the five sections (each from the dict of overrides given) to `config`."""
+    """Adds the five shared sections (each from the dict of overrides given) to `config`."""
     config.optimizer = optimizer_config(**(optimizer or {}))
     config.schedule = schedule_config(**(schedule or {}))
     config.train = train_config(**(train or {}))
@@ -115,9 +136,63 @@ def add_training_sections(config: ml_collections.ConfigDict, *, optimizer=None, 
     return config
 
 
-def total_steps(config) -> int:
+def run_steps(config, train_examples: Optional[int] = None) -> int:
+    """The optimizer steps of a run: train.steps if > 0, else train.epochs passes over
+    `train_examples` (a finite training set: fine-tuning) of train.batch_size each."""
+    steps = int(config.train.steps)
+    if steps > 0:
+        return steps
+    epochs = float(config.train.get("epochs", 0.0))
+    if epochs <= 0 or train_examples is None:
+        raise ConfigError(
+            f"config.train.steps={steps} and train.epochs={epochs}: set train.steps > 0"
+            + ("" if train_examples is None else " or train.epochs > 0")
+            + ("" if train_examples is not None else
+               " (pre-training reads an endless stream: epochs do not apply)"))
+    return max(1, int(math.ceil(train_examples * epochs / int(config.train.batch_size))))
+
+
+def total_steps(config, steps: Optional[int] = None) -> int:
+    """The steps the learning-rate schedule spans: schedule.total_steps if > 0 (two phases
+    under one schedule), else the run's steps (`steps`, default train.steps)."""
     t = int(config.schedule.get("total_steps", -1))
-    return int(config.train.steps) if t <= 0 else t
+    if t > 0:
+        return t
+    return int(config.train.steps) if steps is None else int(steps)
+
+
+# Keys that moved: their old place -> the new one (an old config names the move in one line).
+RENAMED = {
+    "data.batch_size": "train.batch_size",
+    "data.eval_batch_size": "train.eval_batch_size",
+    "train.max_steps": "train.steps",
+    "train.num_epochs": "train.epochs",
+    "train.num_restarts": "sweep.restarts",
+    "train.save_best_model": "sweep.save_best_model",
+    "schedule.lr_grid": "sweep.lrs",
+    "checkpoint.delete_finished": "sweep.delete_finished",
+}
+
+# The shared sections and their keys: a config file that sets another key in one of them
+# (an unlocked ConfigDict takes anything) fails here instead of running without it.
+SECTIONS = {"train": train_config, "schedule": schedule_config,
+            "optimizer": optimizer_config, "mesh": mesh_config,
+            "checkpoint": checkpoint_config, "sweep": sweep_config}
+
+
+def check_sections(config: ml_collections.ConfigDict, spec: str = "the config") -> None:
+    """Every key of the shared sections is one the code reads: a ConfigError names a key
+    that moved (with its new place) or an unknown one (with the closest existing key)."""
+    for section, make in SECTIONS.items():
+        if section in config:
+            known = make()
+            for key in config[section].keys():
+                if key not in known:
+                    _unknown(f"{section}.{key}", spec,
+                             [f"{section}.{k}" for k in known.keys()] + config_keys(config))
+    for key in ("batch_size", "eval_batch_size"):
+        if key in config.get("data", {}):
+            _unknown(f"data.{key}", spec, [])
 
 
 # The paper's pre-training schedule: 1M steps, 90% at length 128, the last 10% at 512.
@@ -156,7 +231,8 @@ def config_keys(config: ml_collections.ConfigDict, prefix: str = "") -> list[str
 
 
 def check_key(config: ml_collections.ConfigDict, key: str, spec: str) -> None:
-    """ConfigError naming `key` and the closest existing key unless `config` has `key`."""
+    """ConfigError naming `key` unless `config` has it: a key that moved names its new
+    place (RENAMED), another the closest existing key."""
     node = config
     for part in key.split("."):
         if "[" in part:  # an indexed field (ml_collections parses those itself)
@@ -166,13 +242,19 @@ def check_key(config: ml_collections.ConfigDict, key: str, spec: str) -> None:
         node = node[part]
     else:
         return
-    keys = config_keys(config)
+    _unknown(key, spec, config_keys(config), sections=sorted(config.keys()))
+
+
+def _unknown(key: str, spec: str, keys: list[str], sections=()) -> None:
+    if key in RENAMED:
+        raise ConfigError(f"{spec}: config.{key} is now config.{RENAMED[key]}")
+    keys = [k for k in keys if k != key]
     # The same name in another section first (optimizer.lr -> schedule.lr), then spelling.
     same_name = [k for k in keys if k.rsplit(".", 1)[-1] == key.rsplit(".", 1)[-1]]
     close = (difflib.get_close_matches(key, same_name, n=1, cutoff=0.0) if same_name
              else difflib.get_close_matches(key, keys, n=1, cutoff=0.6))
     hint = (f"did you mean {close[0]!r}?" if close else
-            f"the sections are {', '.join(sorted(config.keys()))}")
+            f"the sections are {', '.join(sections)}" if sections else "not a config key")
     raise ConfigError(f"{spec}: unknown config key {key!r} ({hint})")
 
 
@@ -189,6 +271,7 @@ def load_config(spec: str, overrides: Optional[Mapping[str, Any]] = None
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     config = module.get_config(arg) if arg else module.get_config()
+    check_sections(config, spec)
     config.lock()
     for key, value in (overrides or {}).items():
         check_key(config, key, spec)
@@ -224,8 +307,6 @@ def paper_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,
     10k warmup, linear decay over 1M steps). `arg` picks the phase: None / "phase1" = the
     first 900k steps at length 128 (20 MLM slots); "phase2" = the last 100k at length 512
     (80 slots), continuing phase 1's optimizer state, step and schedule."""
-    from bert_jax.data.pretrain import data_config
-
     if arg not in (None, "", "phase1", "phase2"):
         raise ValueError(f"configs/{name}.py: unknown argument {arg!r}; use phase1 or phase2")
     phase2 = arg == "phase2"
@@ -233,13 +314,13 @@ def paper_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,
     config.model = model
     config.model.nsp = True
     config.data = data_config(
-        max_seq_length=512 if phase2 else 128, max_predictions_per_seq=80 if phase2 else 20,
-        batch_size=256)
+        max_seq_length=512 if phase2 else 128, max_predictions_per_seq=80 if phase2 else 20)
     return add_training_sections(
         config,
         schedule=dict(lr=1e-4, warmup_steps=10_000, decay="linear",
                       total_steps=PAPER_TOTAL_STEPS),
-        train=dict(steps=PAPER_TOTAL_STEPS if phase2 else PAPER_PHASE1_STEPS, log_every=100,
+        train=dict(batch_size=256,
+                   steps=PAPER_TOTAL_STEPS if phase2 else PAPER_PHASE1_STEPS, log_every=100,
                    eval_every=10_000, eval_steps=100,
                    init_state="full" if phase2 else "params"),
         mesh=mesh,

@@ -1,27 +1,24 @@
-"""The pre-training loop: mesh, sharded state, resume / warm start, steps, logging,
-evaluation, checkpoints and preemption.
+"""The one training loop, for pre-training and every fine-tuning task (bert_jax.train.task):
+mesh, sharded state, resume / warm start, steps, logging, evaluation, checkpoints, faults.
 
-    summary = train(config, workdir)
+    outcome = train(config, workdir, task)
 
-Restarting the same command resumes from the latest checkpoint in WORKDIR/checkpoints:
-params, optimizer state, step, RNG and the input iterator's position, so the losses of the
-resumed steps are the ones an uninterrupted run would have logged. SIGTERM (preemption)
-finishes the current step, saves, and returns normally (exit code 0). Resumed with another
-number of processes, everything but the data position is still exact; the data continues
-from a deterministic position, with a warning (bert_jax.train.checkpoint).
-
-Faults (bert_jax.train.checkpoint): a save that fails in the background stops the run at the
-first step after it failed (CheckpointSaveError, one line; older checkpoints kept); a latest
-checkpoint that cannot be read is skipped, named on one line, set aside, and the newest one
-that restores is used. checkpoint.every=0 saves at the end (and on SIGTERM) only.
+The same call again resumes from the latest checkpoint in WORKDIR/checkpoints (params,
+optimizer state, step, RNG and the input's position: the resumed steps log the losses of an
+uninterrupted run; with another process count all but the data position is exact, with a
+warning). SIGTERM finishes the step, saves and returns (`outcome.preempted`). A save that
+fails in the background stops the run at the next step in one line; a latest checkpoint
+that cannot be read is skipped, set aside and named (bert_jax.train.checkpoint). Input that
+fails on one of several processes stops all of them at the same step (bert_jax.train.gate).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import numpy as np
@@ -29,425 +26,451 @@ import numpy as np
 from bert_jax import optim, paths
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import device as data_device
+from bert_jax.errors import FaultError, ReportedError
 from bert_jax.models import attention_ops
+from bert_jax.models.attention_ops.backend import platform_name
+from bert_jax.models.config import ConfigError
+from bert_jax.convert.sources import saved_steps
 from bert_jax.train import checkpoint as ckpt_lib
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
-from bert_jax.train.runtime import InputFailedElsewhere, agree
-from bert_jax.train.runtime import Preemption as _Preemption
-from bert_jax.train.config import checkpoint_every, total_steps
-from bert_jax.errors import FaultError, ReportedError
-from bert_jax.models.config import ConfigError
-
+from bert_jax.train.config import check_sections, checkpoint_every, run_steps, total_steps
+from bert_jax.train.gate import InputGate, VoidSteps, void_error
+from bert_jax.train.profile import Profiler
+from bert_jax.train.runtime import Preemption
 
 
 class NonFiniteError(FaultError, FloatingPointError):
     """The loss or gradient of a step was NaN / inf (and train.skip_nonfinite is off)."""
 
 
+@dataclasses.dataclass
+class Outcome:
+    """summary: the final scalars (train/..., eval/..., perf/...) plus step, preempted,
+    nonfinite_skipped, train_seconds, kernels; params: the final params (device arrays)."""
+
+    summary: dict
+    params: Any
+    preempted: bool
+    programs: Any = None
+
+
+@dataclasses.dataclass
+class Programs:
+    """What a run compiles (optimizer, schedule, abstract state and shardings, jitted
+    steps, the train step's executable): a sweep's restarts of one rate reuse it."""
+
+    tx: Any
+    schedule: Any
+    abstract: Any
+    shardings: Any
+    train_fn: Any
+    eval_fn: Any
+    compiled: Any = None
+
+
 def config_to_dict(config) -> dict:
     return json.loads(config.to_json_best_effort())
 
 
-def evaluate(eval_fn, params, batches: Iterator[dict], sharding, max_batches: int = -1) -> dict:
-    """eval/{loss, mlm_loss, mlm_acc, nsp_loss, nsp_acc} over `batches` (exact: sums over
-    the whole set, filler examples weighted 0), plus eval/mlm_acc_majority: the accuracy
-    of always predicting the most frequent masked token of this eval set, the baseline a
-    model must beat."""
-    totals: dict[str, float] = {}
-    label_counts: dict[int, float] = {}
-    n = 0
-    for batch in batches:
-        if 0 <= max_batches <= n:
-            break
-        sums = jax.device_get(eval_fn(params, data_device.to_global(batch, sharding)))
-        for k, v in sums.items():
-            totals[k] = totals.get(k, 0.0) + float(v)
-        w = np.asarray(batch["masked_lm_weights"], np.float64)
-        if "example_weights" in batch:
-            w = w * np.asarray(batch["example_weights"], np.float64)[:, None]
-        ids = np.asarray(batch["masked_lm_ids"]).reshape(-1)
-        for i, c in zip(*np.unique(ids[w.reshape(-1) > 0], return_counts=True)):
-            label_counts[int(i)] = label_counts.get(int(i), 0.0) + float(c)
-        n += 1
-    if not totals:
-        return {}
-    mlm_count = max(totals["mlm_count"], 1e-5)
-    out = {"eval/mlm_loss": totals["mlm_loss_sum"] / mlm_count,
-           "eval/mlm_acc": totals["mlm_correct"] / mlm_count,
-           "eval/mlm_acc_majority": (max(label_counts.values()) / mlm_count
-                                     if label_counts else 0.0),
-           "eval/examples": totals.get("nsp_count", float("nan")),
-           "eval/masked_tokens": totals["mlm_count"]}
-    out["eval/loss"] = out["eval/mlm_loss"]
-    if "nsp_count" in totals:
-        nsp_count = max(totals["nsp_count"], 1e-5)
-        out["eval/nsp_loss"] = totals["nsp_loss_sum"] / nsp_count
-        out["eval/nsp_acc"] = totals["nsp_correct"] / nsp_count
-        out["eval/loss"] += out["eval/nsp_loss"]
-    if jax.process_count() > 1:
-        # Each process saw its own eval shard: the majority baseline above is per-process;
-        # the other sums are global (they came out of the jitted step).
-        out.pop("eval/mlm_acc_majority")
-    return out
-
-
-def train(config, workdir: str, *, make_train_data: Optional[Callable] = None,
-          make_eval_data: Optional[Callable] = None,
-          after_save: Optional[Callable[[int], None]] = None) -> dict:
-    """Runs (or resumes) the config's training in `workdir`. Returns the final summary.
-
-    make_train_data(config, workdir) -> iterator of process-local numpy batches with
-    get_state / set_state; make_eval_data(config, workdir) -> a fresh iterable of eval
-    batches (or None). Both default to bert_jax.data.pretrain's. `after_save(step)` runs
-    once a checkpoint of `step` is on disk (tests use it to kill the process there)."""
-    from bert_jax.train import data as data_lib
-
-    make_train_data = make_train_data or data_lib.make_train_data
-    make_eval_data = make_eval_data or data_lib.make_eval_data
-    is_main = jax.process_index() == 0
-    workdir = paths.resolve(workdir)  # a local path, or a URI such as gs://bucket/run
-    paths.makedirs(workdir)
-
-    # --- everything that can fail cheaply fails before any compile -------------------
-    steps = int(config.train.steps)
+def check_batches(config, mesh, rules) -> None:
+    """train.batch_size, its micro-batches and eval_batch_size against the mesh's batch
+    shards (data x fsdp), before anything is built."""
     accum = int(config.train.accum_steps)
-    batch_size = int(config.data.batch_size)
-    seq_len = int(config.data.max_seq_length)
-    max_pred = int(config.data.max_predictions_per_seq)
+    batch_size = int(config.train.batch_size)
+    if accum < 1:
+        raise ConfigError(f"config.train.accum_steps={accum}: expected a positive number of "
+                          f"micro-batches per step")
     if batch_size % accum:
-        raise ConfigError(f"config.data.batch_size={batch_size} is not divisible by "
-                         f"config.train.accum_steps={accum}")
+        raise ConfigError(f"config.train.batch_size={batch_size} is not divisible by "
+                          f"config.train.accum_steps={accum}")
+    shards = int(np.prod([mesh.shape[a] for a in data_device.batch_mesh_axes(mesh, rules)]))
+    sizes = {"batch_size": batch_size // accum, "eval_batch_size": eval_batch_size(config)}
+    for key, size in sizes.items():
+        if size % shards:
+            what = (f"config.train.{key}={size}" if key == "eval_batch_size" or accum == 1
+                    else f"the micro-batch size {size} (config.train.batch_size / "
+                         f"accum_steps={accum})")
+            raise ConfigError(f"{what} is not divisible by the {shards} batch shards of "
+                              f"mesh {dict(mesh.shape)}")
+
+
+def eval_batch_size(config) -> int:
+    return int(config.train.eval_batch_size) or int(config.train.batch_size)
+
+
+def precheck(config):
+    """What fails without data or a model: the sections' keys, the optimizer, the mesh and
+    the batch sizes against it, checkpoint.every. Returns (mesh, rules)."""
+    check_sections(config)
+    optim.check_optimizer(config.optimizer)
+    checkpoint_every(config)
+    if config.train.init_state not in ("params", "full"):
+        raise ConfigError(f"config.train.init_state={config.train.init_state!r}; expected "
+                          f"'params' or 'full'")
     mesh = sharding_lib.make_mesh(config.mesh)
     rules = sharding_lib.rules_from_config(config.mesh)
-    data_shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    if (batch_size // accum) % data_shards:
-        raise ConfigError(
-            f"micro-batch size {batch_size // accum} (config.data.batch_size / "
-            f"train.accum_steps) is not divisible by the {data_shards} data x fsdp shards "
-            f"of mesh {dict(mesh.shape)}")
-    model = state_lib.create_model(config)
-    model_cfg = state_lib.model_config(config)
-    if seq_len > model_cfg.max_position_embeddings:
-        raise ConfigError(f"config.data.max_seq_length={seq_len} exceeds "
-                         f"config.model.max_position_embeddings="
-                         f"{model_cfg.max_position_embeddings}")
-    # The attention path each step will take on these devices (an explicit choice that
-    # cannot run here fails now, naming model.attention).
-    kernels = attention_ops.describe(
-        model_cfg, attention_ops.platform_name(mesh.devices.flat[0].platform),
-        deterministic_training=bool(config.train.deterministic))
-    schedule = optim.make_schedule(config.schedule, total_steps(config))
-    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
-    ckpt_every = checkpoint_every(config)  # 0: at the end only
-    resumable = bool(ckpt_lib.saved_steps(workdir))
-    # A warm start's source is opened and its architecture checked now, from its config
-    # alone: a mismatch costs no data, no init and no tensor read.
-    init_source = (warm_start.check(config) if config.train.init_checkpoint and not resumable
-                   else None)
+    check_batches(config, mesh, rules)
+    return mesh, rules
+
+
+def check_task(config, task) -> None:
+    """The task's sequences fit the model's positions."""
+    limit = task.model_config.max_position_embeddings
+    if task.shape.seq_len > limit:
+        raise ConfigError(f"{task.title}: sequences of {task.shape.seq_len} tokens exceed "
+                          f"the model's max_position_embeddings={limit}")
+
+
+def build(config, task, mesh, rules, steps: int) -> Programs:
+    """The optimizer over `steps` (the run's), the abstract state and the jitted steps."""
+    schedule = optim.make_schedule(config.schedule, total_steps(config, steps))
+    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config, steps))
+    abstract, shardings = state_lib.state_shardings(task.model, tx, mesh, rules,
+                                                    task.init_inputs())
     batch_sharding = data_device.batch_sharding(mesh, rules)
-    host_data = make_train_data(config, workdir)
-    # A thread keeps `prefetch_to_device` batches on the devices ahead of the step; its
-    # get_state() still names the next batch the step will see (exact resume).
-    train_data = data_device.DevicePrefetcher(
-        host_data, batch_sharding, size=max(int(config.data.get("prefetch_to_device", 2)), 1))
+    train_fn = step_lib.jit_train_step(
+        task, tx, schedule, shardings, batch_sharding, rules,
+        accum_steps=int(config.train.accum_steps),
+        deterministic=bool(config.train.deterministic),
+        keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
+    eval_fn = step_lib.jit_eval_step(task, shardings.params, batch_sharding, rules)
+    return Programs(tx, schedule, abstract, shardings, train_fn, eval_fn)
 
-    gate = _InputGate(batch_sharding, batch_size // jax.process_count())
 
-    writer = metrics_lib.MetricWriter(workdir, bool(config.train.get("tensorboard", True)))
-    checkpointer = ckpt_lib.Checkpointer(
-        workdir, every=ckpt_every, keep=config.checkpoint.keep,
-        keep_period=config.checkpoint.keep_period, async_save=config.checkpoint.async_save)
+def evaluate_params(config, workdir: str, task, params, programs: Programs, mesh,
+                    rules) -> dict:
+    """task.evaluate of `params` (placed on programs.shardings) as at step 0, its scalars
+    written to WORKDIR/metrics.jsonl (predicting with a fine-tuned model)."""
+    sharding = data_device.batch_sharding(mesh, rules)
+
+    def run(batch):
+        return jax.device_get(programs.eval_fn(params, data_device.to_global(batch, sharding)))
+
+    writer = metrics_lib.MetricWriter(workdir, bool(config.train.tensorboard))
+    try:
+        scalars = task.evaluate(run, 0, workdir)
+        if scalars:
+            writer.write(0, scalars)
+    finally:
+        writer.close()
+    return scalars
+
+
+def fresh_state(config, task, programs: Programs, mesh, rules, rng=None):
+    """(state, rng) of a run that starts: params from the seed's init key, then the trees
+    task.init_keys takes from task.init_source (a warm start), a fresh optimizer state."""
     rep = sharding_lib.replicated(mesh)
+    if rng is None:  # built by a jitted function: device_put cannot reach other processes
+        rng = jax.jit(lambda: jax.random.key(int(config.train.seed)), out_shardings=rep)()
+    state = state_lib.init_state(task.model, programs.tx, mesh, rules,
+                                 jax.random.fold_in(rng, 0x5EED), task.init_inputs(),
+                                 programs.shardings)
+    if task.init_source is not None:
+        state, rng = warm_start.warm_start(
+            task.init_source, state, rng, programs.abstract, programs.shardings, programs.tx,
+            rep, keys=task.init_keys, full=config.train.init_state == "full")
+    return state, rng
 
-    # --- state: resume, warm start, or fresh -----------------------------------------
-    abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, seq_len, max_pred)
-    # Built by a jitted function: device_put cannot target non-addressable devices.
-    rng = jax.jit(lambda: jax.random.key(int(config.train.seed)), out_shardings=rep)()
-    if resumable:
-        # The newest step that restores; a damaged one is skipped, set aside and named.
-        state, rng, _ = checkpointer.restore(abstract, train_data, rng_sharding=rep)
-        resumed_from = int(jax.device_get(state.step))
-        for bad, reason, moved in checkpointer.skipped:
-            _info(is_main, f"checkpoint at step {bad} skipped: {reason}; kept as {moved}")
-        _info(is_main, f"resumed from {checkpointer.directory}/{resumed_from}")
-        restored_data = checkpointer.data_restore
-        if restored_data is not None and not restored_data.exact:
-            # Another process count (or a refused state): logged as a warning as well.
-            _info(is_main, f"the input data was NOT resumed exactly ({restored_data.reason}); "
-                           f"every process skipped {restored_data.position} batches of its "
-                           f"own stream instead")
-    else:
-        init_rng = jax.random.fold_in(rng, 0x5EED)
-        state = state_lib.init_state(model, tx, mesh, rules, init_rng, seq_len, max_pred,
-                                     shardings)
-        if init_source is not None:
-            state, rng = warm_start.warm_start(config, state, rng, abstract, shardings, tx,
-                                               rep, init_source)
-            _info(is_main, f"warm start from {config.train.init_checkpoint}")
-    start = int(jax.device_get(state.step))
-    n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
-    _info(is_main, f"model {n_params / 1e6:.2f}M params; mesh {dict(mesh.shape)}; "
-                   f"{jax.device_count()} {jax.devices()[0].platform} devices, "
-                   f"{jax.process_count()} process(es); steps {start} -> {steps}; {kernels}")
 
-    # Stopping on a non-finite step (the default) needs no select of old against new state
-    # in the step: the loop reads every step's flag before it saves or evaluates anything.
-    skip_nonfinite = bool(config.train.skip_nonfinite)
-    train_fn = step_lib.jit_train_step(model, tx, schedule, shardings, batch_sharding, rules,
-                                       accum_steps=accum,
-                                       deterministic=bool(config.train.deterministic),
-                                       keep_state_on_nonfinite=skip_nonfinite)
-    eval_fn = step_lib.jit_eval_step(model, shardings.params, batch_sharding, rules)
-    flops = metrics_lib.model_flops_per_example(model_cfg, seq_len, max_pred,
-                                                nsp=model.nsp)
-    peak, peak_source = metrics_lib.peak_flops_per_device()
-    config_dict = config_to_dict(config)
+def train(config, workdir: str, task, *, programs: Optional[Programs] = None,
+          progress: bool = True, after_save: Optional[Callable[[int], None]] = None,
+          after_step: Optional[Callable[[int], None]] = None) -> Outcome:
+    """Runs (or resumes) `task`'s training under `config` in `workdir`. `programs`: those of
+    a previous run of the same config and shapes. `after_save(step)` runs once a checkpoint
+    is on disk, `after_step(step)` after each step (tests kill or preempt there)."""
+    run = _Run(config, workdir, task, programs, progress, after_save, after_step)
+    return run.go()
 
-    unchecked: list[tuple[int, dict]] = []    # (step, device metrics) not yet flag-checked
-    nonfinite_skipped = 0
 
-    def check_finite(lag: int = 0) -> None:
-        """Reads the non-finite flags of all but the last `lag` unchecked steps (raising
-        NonFiniteError unless train.skip_nonfinite). lag=1 in the loop reads the previous
-        step's flag, already computed, without stalling the pipeline; lag=0 before anything
-        saves or evaluates the state."""
-        nonlocal nonfinite_skipped
-        while len(unchecked) > lag:
-            at, m = unchecked.pop(0)
-            gate.check(m, void_after=len(unchecked))
-            nonfinite_skipped += _check_finite(m, at, config)
+class _Run:
+    """One call of train(): the pieces the steps share."""
 
-    def save(force: bool) -> bool:
-        check_finite()
-        started = checkpointer.save(state, rng, train_data, config_dict, force=force)
-        if started and after_save is not None:
-            checkpointer.wait()
-            after_save(int(jax.device_get(state.step)))
-        return started
+    def __init__(self, config, workdir, task, programs, progress, after_save, after_step):
+        self.config, self.task, self.progress = config, task, progress
+        self.after_save, self.after_step = after_save, after_step
+        self.is_main = jax.process_index() == 0
+        self.workdir = paths.resolve(workdir)  # a local path, or a URI such as gs://bucket/run
+        paths.makedirs(self.workdir)
+        # --- everything that can fail cheaply fails before any compile -------------------
+        self.mesh, self.rules = precheck(config)
+        check_task(config, task)
+        self.steps = run_steps(config, getattr(task, "train_examples", None))
+        self.ckpt_every = checkpoint_every(config)  # 0: at the end only
+        # The attention path each step will take on these devices (an explicit choice that
+        # cannot run here fails now, naming model.attention).
+        self.kernels = attention_ops.describe(
+            task.model_config,
+            platform_name(self.mesh.devices.flat[0].platform),
+            deterministic_training=bool(config.train.deterministic))
+        self.resumable = bool(saved_steps(self.workdir))
+        if task.init_source is not None and not self.resumable:
+            # Shapes only, from the source's metadata: before any data is read or compiled.
+            warm_start.check_shapes(task.init_source,
+                                    state_lib.abstract_params(task.model, task.init_inputs()),
+                                    task.init_keys)
+        self.batch_sharding = data_device.batch_sharding(self.mesh, self.rules)
+        self.rep = sharding_lib.replicated(self.mesh)
+        # The input is checked before anything is built or compiled.
+        host_data = task.train_data(config, self.workdir)
+        self.programs = programs or build(config, task, self.mesh, self.rules, self.steps)
+        # A thread keeps `prefetch_to_device` batches on the devices ahead of the step; its
+        # get_state() still names the next batch the step will see (exact resume).
+        self.train_data = data_device.DevicePrefetcher(
+            host_data, self.batch_sharding,
+            size=max(int(config.get("data", {}).get("prefetch_to_device", 2)), 1))
+        self.gate = InputGate(self.batch_sharding,
+                              int(config.train.batch_size) // jax.process_count())
+        self.writer = metrics_lib.MetricWriter(self.workdir, bool(config.train.tensorboard))
+        c = config.checkpoint
+        self.checkpointer = ckpt_lib.Checkpointer(
+            self.workdir, every=self.ckpt_every, keep=c.keep,
+            keep_period=c.get("keep_period", 0), async_save=c.async_save)
+        self.config_dict = config_to_dict(config)
+        self.unchecked: list[tuple[int, dict]] = []   # (step, device metrics) not flag-read
+        self.nonfinite_skipped = 0
 
-    def saved_first(error: ReportedError, step: int) -> ReportedError:
-        return _saved_first(error, step, save if step > start and
-                            checkpointer.latest_step() != step else None)
+    # --- state ---------------------------------------------------------------------------
 
-    def run_eval(step: int) -> dict:
-        check_finite()
-        if step == start:  # nothing trained since the restart: a finished run, run again
-            done, scalars = metrics_lib.recorded(workdir, step, "eval/")
+    def initial_state(self):
+        """(state, rng): restored from the latest checkpoint that restores, warm-started
+        from train.init_checkpoint, or fresh."""
+        p, config = self.programs, self.config
+        # Built by a jitted function: device_put cannot target non-addressable devices.
+        rng = jax.jit(lambda: jax.random.key(int(config.train.seed)),
+                      out_shardings=self.rep)()
+        if self.resumable:
+            # The newest step that restores; a damaged one is skipped, set aside and named.
+            state, rng, saved = self.checkpointer.restore(p.abstract, self.train_data,
+                                                          rng_sharding=self.rep)
+            _check_same_seed(saved, config, self.checkpointer.directory)
+            for bad, reason, moved in self.checkpointer.skipped:
+                self.info(f"checkpoint at step {bad} skipped: {reason}; kept as {moved}")
+            self.info(f"resumed from {self.checkpointer.directory}/"
+                      f"{int(jax.device_get(state.step))}")
+            restored = self.checkpointer.data_restore
+            if restored is not None and not restored.exact:
+                # Another process count (or a refused state): logged as a warning as well.
+                self.info(f"the input data was NOT resumed exactly ({restored.reason}); "
+                          f"every process skipped {restored.position} batches of its own "
+                          f"stream instead")
+            return state, rng
+        state, rng = fresh_state(config, self.task, p, self.mesh, self.rules, rng)
+        if self.task.init_source is not None:
+            self.info(f"warm start from {self.task.init_source.path}")
+        return state, rng
+
+    # --- checks, saves, evaluation --------------------------------------------------------
+
+    def check_finite(self, lag: int = 0) -> None:
+        """Reads the non-finite flags of all but the last `lag` unchecked steps (NonFiniteError
+        unless train.skip_nonfinite): lag=1 after each step (the previous step's flag, done
+        already: no stall), lag=0 before anything saves or evaluates the state."""
+        while len(self.unchecked) > lag:
+            at, m = self.unchecked.pop(0)
+            self.gate.check(m, void_after=len(self.unchecked))
+            self.nonfinite_skipped += _check_finite(m, at, self.config)
+
+    def save(self) -> None:
+        self.check_finite()
+        self.checkpointer.save(self.state, self.rng, self.train_data, self.config_dict,
+                               force=True)
+        if self.after_save is not None:
+            self.checkpointer.wait()
+            self.after_save(int(jax.device_get(self.state.step)))
+
+    def saved_first(self, error: ReportedError, step: int) -> ReportedError:
+        """`error` (bad input met mid-run), after a save kept the steps done since the
+        last checkpoint, with a message that says so."""
+        if step <= self.start or self.checkpointer.latest_step() == step:
+            return error
+        self.save()
+        return type(error)(f"{error} Saved step {step}, the last good one: the same command "
+                           f"resumes from it.")
+
+    def evaluate(self, step: int) -> dict:
+        self.check_finite()
+        if step == self.start:  # nothing trained since the restart: a finished run, again
+            done, scalars = metrics_lib.recorded(self.workdir, step, self.task.eval_prefix)
             if done:
                 return scalars
+        params, eval_fn, sharding = self.state.params, self.programs.eval_fn, self.batch_sharding
+
+        def run(batch):
+            return jax.device_get(eval_fn(params, data_device.to_global(batch, sharding)))
+
         try:
-            eval_batches = make_eval_data(config, workdir)
-            if eval_batches is None:
-                return {}
-            scalars = evaluate(eval_fn, state.params, eval_batches, batch_sharding,
-                               int(config.train.eval_steps))
+            scalars = self.task.evaluate(run, step, self.workdir,
+                                         int(self.config.train.eval_steps))
         except ReportedError as e:  # a corrupt or unparsable eval file
-            raise saved_first(e, step) from None
-        writer.write(step, scalars)
-        _info(is_main, f"step {step}: " + metrics_lib.format_summary(scalars))
+            raise self.saved_first(e, step) from None
+        if scalars:
+            self.writer.write(step, scalars)
+            self.info(f"step {step}: " + metrics_lib.format_summary(scalars))
         return scalars
 
-    bar = _progress(is_main, start, steps)
-    profiler = _Profiler(os.path.join(workdir, "profile"), start,
-                         int(config.train.get("profile_start", 0)),
-                         int(config.train.get("profile_steps", 0)), is_main)
-    pending: list[dict] = []      # device metrics of the steps since the last log
-    last_log_time, last_log_step = None, start
-    compiled, eval_scalars, preempted = None, {}, False
-    log_every, eval_every = int(config.train.log_every), int(config.train.eval_every)
-    summary: dict = {}
-    try:
-        with _Preemption() as preemption:
-            step = start
-            while step < steps:
-                try:
-                    batch = gate.next(train_data, first=compiled is None)
-                except ReportedError as e:  # bad input found mid-run, e.g. a corrupt shard
-                    raise saved_first(e, step) from None
-                if compiled is None:
-                    t0 = time.perf_counter()
-                    compiled = train_fn.lower(state, batch, rng).compile()
-                    _info(is_main, f"compiled the train step in {time.perf_counter() - t0:.1f}s")
-                profiler.before(step)
-                # Step markers for the profile viewer (no cost when no trace is running).
-                with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
-                    state, step_metrics = compiled(state, batch, rng)
-                step += 1
-                profiler.after(step, state)
-                # A save that failed in the background (a full disk) stops the run here.
-                checkpointer.check()
-                pending.append(step_metrics)
-                unchecked.append((step, step_metrics))
-                check_finite(lag=1)
-                if bar is not None:
-                    bar.update(1)
-                if step % log_every == 0 or step == steps:
-                    check_finite()
-                    records = [step_lib.host_metrics(m) for m in pending]
-                    for r in records:
-                        r.pop("train/input_ok", None)
-                    now = time.perf_counter()
-                    scalars = metrics_lib.average(records)
-                    inputs = {k: scalars.pop(k) for k in metrics_lib.INPUT_STATS if k in scalars}
-                    step_time = None
-                    if last_log_time is not None:
-                        step_time = (now - last_log_time) / max(step - last_log_step, 1)
-                        scalars.update(metrics_lib.throughput(
-                            step_time, batch_size, seq_len, flops, peak, jax.device_count()))
-                    scalars.update(metrics_lib.real_token_metrics(  # real (non-padding) tokens
-                        inputs, rows=batch_size, seq_len=seq_len, config=model_cfg,
-                        nsp=model.nsp, step_time=step_time, peak_per_device=peak,
-                        num_devices=jax.device_count()))
-                    writer.write(step, scalars)
-                    if bar is not None:
-                        bar.set_postfix(loss=f"{scalars['train/loss']:.3f}",
-                                        **({"seq/s": f"{scalars['perf/seq_per_s']:.1f}"}
-                                           if "perf/seq_per_s" in scalars else {}))
-                    summary.update(scalars)
-                    pending = []
-                    last_log_time, last_log_step = time.perf_counter(), step
-                if eval_every > 0 and step % eval_every == 0 and step != steps:
-                    eval_scalars = run_eval(step)
-                    last_log_time = time.perf_counter()  # eval time is not step time
-                preempted = preemption.requested or checkpointer.manager.reached_preemption(step)
-                if preempted:
-                    save(force=True)
-                    _info(is_main, f"preemption: saved step {step}; exiting")
-                    break
-                if ckpt_every > 0 and step % ckpt_every == 0:
-                    save(force=True)
-        if not preempted:
-            if checkpointer.latest_step() != int(jax.device_get(state.step)):
-                save(force=True)
-        checkpointer.wait()  # the last save's failure is this run's error, before any eval
-        if not preempted:
-            # eval_every > 0: periodic and final; 0: final only; < 0: never.
-            eval_scalars = run_eval(steps) if eval_every >= 0 else {}
-    except _VoidSteps as void:
-        # Every process is here at the same step: the flag came out of the step itself.
-        unchecked.clear()  # the void steps changed nothing, not even the step counter
-        if gate.error is None:
-            train_data.unread(void.steps)  # not used: the resumed run reads them again
-        error = gate.error or InputFailedElsewhere(
-            f"the input of process {void.process} failed (its log names the file and what "
-            f"to do); every process stopped at step {int(jax.device_get(state.step))}.")
-        raise saved_first(error, int(jax.device_get(state.step))) from None
-    finally:
-        profiler.close()
-        train_data.close()
-        checkpointer.close()  # waits; never raises (a failure here is already reported)
-        if bar is not None:
-            bar.close()
-        writer.close()
-    summary.update(eval_scalars)
-    summary.update({"step": int(jax.device_get(state.step)), "preempted": preempted,
-                    "nonfinite_skipped": nonfinite_skipped, "peak_flops_source": peak_source,
-                    "kernels": kernels})
-    if is_main:
-        _print_summary(summary, workdir)
-    return summary
+    # --- the steps -------------------------------------------------------------------------
 
-
-class _Profiler:
-    """A jax.profiler trace of steps first+1 .. first+count (first = the start step +
-    `skip`), on process 0 only (each process would trace only its own devices). A bucket
-    directory is traced locally and copied there (etils.epath) when the trace stops."""
-
-    def __init__(self, directory: str, start: int, skip: int, count: int, is_main: bool):
-        self.directory, self.active, self.local = directory, False, directory
-        self.first = start + max(skip, 0) if count > 0 and is_main else None
-        self.last = None if self.first is None else self.first + count
-
-    def before(self, step: int) -> None:
-        if step == self.first:
-            if paths.is_uri(self.directory):
-                import tempfile
-
-                self.local = tempfile.mkdtemp(prefix="bert_jax_profile_")
-            jax.profiler.start_trace(self.local)
-            self.active = True
-
-    def after(self, step: int, state) -> None:
-        if self.active and step == self.last:
-            jax.block_until_ready(state)  # the traced steps' device work, not only dispatch
+    def go(self) -> Outcome:
+        self.state, self.rng = self.initial_state()
+        self.start = int(jax.device_get(self.state.step))
+        n_params = sum(int(np.prod(x.shape))
+                       for x in jax.tree_util.tree_leaves(self.state.params))
+        self.info(f"{self.task.title}: model {n_params / 1e6:.2f}M params; mesh "
+                  f"{dict(self.mesh.shape)}; {jax.device_count()} "
+                  f"{jax.devices()[0].platform} devices, {jax.process_count()} process(es); "
+                  f"steps {self.start} -> {self.steps}; {self.kernels}")
+        self.log = _Logger(self, self.progress)
+        self.profiler = Profiler(os.path.join(self.workdir, "profile"), self.start,
+                                 int(self.config.train.profile_start),
+                                 int(self.config.train.profile_steps), self.is_main)
+        eval_scalars, preempted, t0 = {}, False, time.perf_counter()
+        try:
+            with Preemption() as preemption:
+                preempted = self.steps_until_done(preemption)
+            if not preempted and (self.checkpointer.latest_step()
+                                  != int(jax.device_get(self.state.step))):
+                self.save()
+            self.checkpointer.wait()  # the last save's failure is this run's error
+            train_seconds = time.perf_counter() - t0
+            if not preempted and int(self.config.train.eval_every) >= 0:
+                eval_scalars = self.evaluate(self.steps)  # > 0: periodic and final; 0: final
+        except VoidSteps as void:
+            # Every process is here at the same step: the flag came out of the step itself.
+            self.unchecked.clear()  # the void steps changed nothing, not even the counters
+            if self.gate.error is None:
+                self.train_data.unread(void.steps)  # the resumed run reads them again
+            step = int(jax.device_get(self.state.step))
+            raise self.saved_first(void_error(self.gate, void, step), step) from None
+        finally:
             self.close()
-            _info(True, f"profile of steps {self.first + 1}..{self.last} in {self.directory} "
-                        f"(TensorBoard's profile tab, or xprof)")
+        summary = dict(self.log.summary, **eval_scalars)
+        summary.update({"step": int(jax.device_get(self.state.step)), "preempted": preempted,
+                        "nonfinite_skipped": self.nonfinite_skipped,
+                        "train_seconds": train_seconds, "kernels": self.kernels,
+                        "peak_flops_source": self.log.peak_source})
+        if self.is_main:
+            _print_summary(summary, self.workdir, self.task)
+        return Outcome(summary, self.state.params, preempted, self.programs)
+
+    def steps_until_done(self, preemption) -> bool:
+        """Steps from the start to train.steps; True if a SIGTERM stopped them (saved)."""
+        step, eval_every = self.start, int(self.config.train.eval_every)
+        while step < self.steps:
+            try:
+                batch = self.gate.next(self.train_data, first=self.programs.compiled is None)
+            except ReportedError as e:  # bad input found mid-run, e.g. a corrupt shard
+                raise self.saved_first(e, step) from None
+            compiled = self.compile(batch)
+            self.profiler.before(step)
+            # Step markers for the profile viewer (no cost when no trace is running).
+            with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
+                self.state, metrics = compiled(self.state, batch, self.rng)
+            step += 1
+            self.profiler.after(step, self.state)
+            # A save that failed in the background (a full disk) stops the run here.
+            self.checkpointer.check()
+            self.unchecked.append((step, metrics))
+            self.check_finite(lag=1)
+            self.log.step(step, metrics)
+            if eval_every > 0 and step % eval_every == 0 and step != self.steps:
+                self.evaluate(step)
+                self.log.restart_clock()  # eval time is not step time
+            if self.after_step is not None:
+                self.after_step(step)
+            if preemption.requested or self.checkpointer.manager.reached_preemption(step):
+                self.save()
+                self.info(f"preemption: saved step {step}; exiting")
+                return True
+            if self.ckpt_every > 0 and step % self.ckpt_every == 0:
+                self.save()
+        return False
+
+    def compile(self, batch):
+        if self.programs.compiled is None:
+            t0 = time.perf_counter()
+            self.programs.compiled = self.programs.train_fn.lower(
+                self.state, batch, self.rng).compile()
+            self.info(f"compiled the train step in {time.perf_counter() - t0:.1f}s")
+        return self.programs.compiled
 
     def close(self) -> None:
-        if self.active:
-            self.active = False
-            jax.profiler.stop_trace()
-            if self.local != self.directory:
-                import shutil
+        self.profiler.close() if hasattr(self, "profiler") else None
+        self.train_data.close()
+        self.checkpointer.close()  # waits; never raises (a failure here is already reported)
+        if hasattr(self, "log"):
+            self.log.close()
+        self.writer.close()
 
-                from etils import epath
-
-                for root, _, files in os.walk(self.local):
-                    for name in files:
-                        rel = os.path.relpath(os.path.join(root, name), self.local)
-                        target = epath.Path(self.directory) / rel
-                        target.parent.mkdir(parents=True, exist_ok=True)
-                        target.write_bytes(epath.Path(root, name).read_bytes())
-                shutil.rmtree(self.local, ignore_errors=True)
+    def info(self, msg: str) -> None:
+        if self.is_main:
+            print(msg, flush=True)
 
 
-class _VoidSteps(Exception):
-    """The step read from the metrics, and the `steps - 1` dispatched after it, ran on a
-    failed input of process `process`: they kept the state as it was."""
+class _Logger:
+    """Every log_every steps (and the last): the mean of the steps' metrics, throughput,
+    MFU and real-token figures, to metrics.jsonl / TensorBoard and the progress bar."""
 
-    def __init__(self, steps: int, process: int):
-        super().__init__(f"{steps} void step(s): the input of process {process} failed")
-        self.steps, self.process = steps, process
+    def __init__(self, run: _Run, progress: bool):
+        self.run, self.pending, self.summary = run, [], {}
+        config, task = run.config, run.task
+        self.every = max(int(config.train.log_every), 1)
+        self.batch_size = int(config.train.batch_size)
+        shape = task.shape
+        self.flops = shape.sequences * metrics_lib.model_flops_per_example(
+            task.model_config, shape.seq_len, shape.predictions, nsp=shape.nsp)
+        self.peak, self.peak_source = metrics_lib.peak_flops_per_device()
+        self.last_time, self.last_step = None, run.start
+        self.bar = _progress(run.is_main and progress, run.start, run.steps, task.title)
+
+    def step(self, step: int, metrics: dict) -> None:
+        self.pending.append(metrics)
+        if self.bar is not None:
+            self.bar.update(1)
+        if step % self.every and step != self.run.steps:
+            return
+        self.run.check_finite()
+        records = [step_lib.host_metrics(m) for m in self.pending]
+        for r in records:
+            r.pop("train/input_ok", None)
+        scalars = metrics_lib.average(records)
+        inputs = {k: scalars.pop(k) for k in metrics_lib.INPUT_STATS if k in scalars}
+        now, step_time, shape = time.perf_counter(), None, self.run.task.shape
+        if self.last_time is not None:
+            step_time = (now - self.last_time) / max(step - self.last_step, 1)
+            scalars.update(metrics_lib.throughput(
+                step_time, self.batch_size, shape.seq_len * shape.sequences, self.flops,
+                self.peak, jax.device_count()))
+        scalars.update(metrics_lib.real_token_metrics(  # real (non-padding) tokens
+            inputs, rows=self.batch_size * shape.sequences, seq_len=shape.seq_len,
+            config=self.run.task.model_config, nsp=shape.nsp, step_time=step_time,
+            peak_per_device=self.peak, num_devices=jax.device_count()))
+        self.run.writer.write(step, scalars)
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{scalars['train/loss']:.3f}",
+                                 **({"seq/s": f"{scalars['perf/seq_per_s']:.1f}"}
+                                    if "perf/seq_per_s" in scalars else {}))
+        self.summary.update(scalars)
+        self.pending = []
+        self.last_time, self.last_step = time.perf_counter(), step
+
+    def restart_clock(self) -> None:
+        self.last_time = time.perf_counter()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
-class _InputGate:
-    """Input that fails on one process stops every process at the same step, with the last
-    good step saved. Without it the failing process stopped to save while the others went
-    on into the next step's collectives, and all of them hung there (two processes on
-    this machine: nothing saved, killed after 150 s).
-
-    One process: next() is next(train_data), and a failure is raised at once. Several:
-    the batch gets `input_ok` (bert_jax.train.step), and a process whose input failed
-    keeps feeding its previous batch with the failure flag; the step keeps the state for
-    all processes alike, and check() (reading each step's metrics, as the non-finite check
-    does, one step behind) raises _VoidSteps on every process at the same step. The first
-    fetch of a run is agreed on directly (runtime.agree)."""
-
-    def __init__(self, sharding, local_rows: int):
-        self.multi = jax.process_count() > 1
-        self.error: Optional[ReportedError] = None   # this process's input failure
-        self.last = None
-        if self.multi:
-            p = jax.process_index()
-            self.ok = data_device.to_global(
-                {"input_ok": np.ones(local_rows, np.float32)}, sharding)["input_ok"]
-            self.bad = data_device.to_global(
-                {"input_ok": np.full(local_rows, -1.0 - p, np.float32)}, sharding)["input_ok"]
-
-    def next(self, train_data, first: bool) -> dict:
-        if not self.multi:
-            return next(train_data)
-        if first:  # no previous batch to feed again
-            batch = agree(lambda: next(train_data), "the first batch")
-        elif self.error is None:
-            try:
-                batch = next(train_data)
-            except ReportedError as e:
-                self.error = e
-        if self.error is not None:
-            return dict(self.last, input_ok=self.bad)
-        self.last = batch
-        return dict(batch, input_ok=self.ok)
-
-    def check(self, metrics: dict, void_after: int) -> None:
-        if "train/input_ok" in metrics:
-            flag = float(jax.device_get(metrics["train/input_ok"]))
-            if flag <= 0:
-                raise _VoidSteps(1 + void_after, int(-flag) - 1)
+def _check_same_seed(saved: Optional[dict], config, directory: str) -> None:
+    """A workdir's checkpoints continue the run of their own seed (a sweep keeps one run
+    per seed); resuming them with another train.seed would mix two runs."""
+    seed = ((saved or {}).get("train") or {}).get("seed")
+    if seed is not None and int(seed) != int(config.train.seed):
+        raise ConfigError(f"{directory}: saved by a run with train.seed={seed}, not "
+                          f"{int(config.train.seed)}; use a new workdir")
 
 
 def _check_finite(metrics: dict, step: int, config) -> int:
@@ -462,39 +485,27 @@ def _check_finite(metrics: dict, step: int, config) -> int:
     return int(bad > 0)
 
 
-def _saved_first(error: ReportedError, step: int, save) -> ReportedError:
-    """`error` (bad input met mid-run), after `save(force=True)` kept the `step` steps done
-    (None: nothing new to keep), with a message that says so."""
-    if save is None:
-        return error
-    save(force=True)
-    return type(error)(f"{error} Saved step {step}, the last good one: the same command "
-                       f"resumes from it.")
-
-
-def _progress(is_main: bool, start: int, steps: int):
-    if not is_main:
+def _progress(show: bool, start: int, steps: int, name: str):
+    if not show:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True, desc="train")
+    return tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True, desc=name)
 
 
-def _info(is_main: bool, msg: str) -> None:
-    if is_main:
-        print(msg, flush=True)
+SUMMARY_PERF = ("perf/step_time", "perf/seq_per_s", "perf/mfu", "perf/real_tokens_per_s",
+                "perf/real_mfu", "data/padding_fraction")
 
 
-def _print_summary(summary: dict, workdir: str) -> None:
-    keys = ["train/loss", "train/mlm_acc", "train/nsp_acc", "eval/loss", "eval/mlm_acc",
-            "eval/mlm_acc_majority", "eval/nsp_acc", "perf/step_time", "perf/seq_per_s",
-            "perf/mfu", "perf/real_tokens_per_s", "perf/real_mfu", "data/padding_fraction"]
+def _print_summary(summary: dict, workdir: str, task) -> None:
+    train = [k for k in sorted(summary) if k.startswith("train/") and k not in (
+        "train/lr", "train/grad_norm", "train/param_norm", "train/nonfinite")]
+    evals = [k for k in sorted(summary) if k.startswith(task.eval_prefix)]
     print(f"done at step {summary['step']}" + (" (preempted)" if summary["preempted"] else "")
-          + ": " + metrics_lib.format_summary(summary, keys), flush=True)
-    if "eval/mlm_acc" in summary and "eval/mlm_acc_majority" in summary:
-        print(f"eval MLM accuracy {summary['eval/mlm_acc']:.4f} vs. most-frequent-token "
-              f"baseline {summary['eval/mlm_acc_majority']:.4f}", flush=True)
+          + ": " + metrics_lib.format_summary(summary, train + evals + list(SUMMARY_PERF)),
+          flush=True)
+    for line in task.describe(summary):
+        print(line, flush=True)
     print(f"{summary['kernels']}; MFU against the {summary['peak_flops_source']}; metrics: "
           f"{os.path.join(workdir, 'metrics.jsonl')}; checkpoints: "
           f"{os.path.join(workdir, 'checkpoints')}", flush=True)
-

@@ -125,8 +125,9 @@ INPUT_STATS = ("input/tokens", "input/sequences", "input/square_lengths", "input
 
 def input_stats(batch) -> dict:
     """The real work in a (global) batch, float32 scalars (jnp, inside the jitted step):
-    input/tokens (input_mask), input/sequences (rows, or the sequences of packed rows),
-    input/square_lengths (sum of squared sequence lengths), input/predictions."""
+    input/tokens (input_mask), input/sequences (rows, the choices of a multiple-choice
+    example, or the sequences of packed rows), input/square_lengths (sum of squared
+    sequence lengths), input/predictions (masked-LM outputs; 0 for the other tasks)."""
     import jax.numpy as jnp
 
     mask = batch["input_mask"].astype(jnp.float32)
@@ -135,11 +136,13 @@ def input_stats(batch) -> dict:
         ids = batch["sequence_ids"][..., None] == jnp.arange(1, k + 1, dtype=jnp.int32)
         lengths = jnp.sum(ids, axis=1, dtype=jnp.float32)      # [batch, K]
     else:
-        lengths = jnp.sum(mask, axis=1, keepdims=True)          # [batch, 1]
+        lengths = jnp.sum(mask, axis=-1)                        # [batch] or [batch, choices]
+    weights = batch.get("masked_lm_weights")
     return {"input/tokens": jnp.sum(mask),
             "input/sequences": jnp.sum((lengths > 0).astype(jnp.float32)),
             "input/square_lengths": jnp.sum(lengths * lengths),
-            "input/predictions": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))}
+            "input/predictions": (jnp.zeros((), jnp.float32) if weights is None
+                                  else jnp.sum(weights.astype(jnp.float32)))}
 
 
 def real_token_metrics(stats: Mapping[str, float], *, rows: int, seq_len: int, config,

@@ -11,6 +11,7 @@ import threading
 from typing import Callable, Optional
 
 from bert_jax.errors import ReportedError, UserError
+from bert_jax.models.config import ConfigError
 
 
 class InputFailedElsewhere(UserError):
@@ -66,8 +67,6 @@ def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
     On CPU, processes exchange collectives through gloo (jax's default CPU collectives),
     so a multi-process CPU run works on one machine (the tests use it)."""
     import jax
-
-    from bert_jax.models.config import ConfigError
 
     if mode not in ("auto", "on", "off"):
         raise ConfigError(f"distributed mode {mode!r}; expected auto, on or off")

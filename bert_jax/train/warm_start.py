@@ -1,32 +1,26 @@
-"""`train.init_checkpoint`: start a run from weights trained elsewhere.
+"""`train.init_checkpoint`: start a run from weights trained elsewhere, for every task.
 
-    source = check(config)      # opened and checked before any tensor is read or compiled
-    state, rng = warm_start(config, state, rng, abstract, shardings, tx, rng_sharding, source)
-
-Three sources (opened by bert_jax.tasks.init_checkpoint, the opener fine-tuning uses too):
-  * a model directory (bert_jax.convert.model_dir: `bert_config.json` + `params/`), e.g. a
-    converted Google BERT, or a Hugging Face directory (config.json + weights): their
-    subtrees ("bert", "mlm", "nsp", ...) replace ours where both exist; heads they lack
-    keep their fresh init;
-  * another run's WORKDIR (or its `checkpoints/`, or `checkpoints/<step>` for a step other
-    than the latest): with `train.init_state="params"` the params only (fresh optimizer,
-    step 0); with "full" also the optimizer state, step and RNG, so the schedule
-    continues: phase 2 of the paper (length 512) after phase 1.
-Every source's architecture is compared with config.model first, from its config alone
-(`check_architecture`: one line naming each differing key, before any tensor is read);
-then every shape is checked; a mismatch names the parameter and both shapes.
+`source` is a bert_jax.convert.sources.InitSource (a model or Hugging Face directory, or
+another run's workdir); `keys` are the top-level parameter trees taken from it (fine-tuning:
+("bert",); None: every tree both have, so a pre-training warm start takes its heads too);
+the others keep their fresh init. `check_shapes` runs before anything compiles. A workdir's
+trees are restored by orbax straight onto the mesh; `full` (train.init_state="full") also
+takes its optimizer state, step and RNG, so the schedule continues: the paper's phase 2.
 """
 
 from __future__ import annotations
 
+from typing import Optional, Sequence
+
+import flax
 import jax
 import numpy as np
 
-from bert_jax import paths
+from bert_jax.convert.sources import locate
+from bert_jax.convert.sources import InitSource, flat_shapes
 from bert_jax.errors import UserError
 from bert_jax.models.params import stack_layers
 from bert_jax.train import checkpoint as ckpt_lib
-from bert_jax.train import state as state_lib
 
 ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
              "intermediate_size", "type_vocab_size", "max_position_embeddings")
@@ -34,6 +28,10 @@ ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_he
 
 class ArchitectureError(UserError, ValueError):
     """An init checkpoint whose model has another architecture than the run's."""
+
+
+class InitCheckpointError(UserError, ValueError):
+    """An init checkpoint without a tensor the run takes, or with another shape."""
 
 
 def check_architecture(theirs, ours, what: str) -> None:
@@ -48,76 +46,99 @@ def check_architecture(theirs, ours, what: str) -> None:
             f"checkpoint's")
 
 
-def check(config):
-    """Opens config.train.init_checkpoint (its config only) and checks init_state and the
-    architecture. Returns the bert_jax.tasks.init_checkpoint.InitSource to warm start from."""
-    from bert_jax.tasks.init_checkpoint import open_init_checkpoint
-
-    path = paths.resolve(config.train.init_checkpoint)
-    mode = config.train.get("init_state", "params")
-    if mode not in ("params", "full"):
-        raise ValueError(f"config.train.init_state={mode!r}; expected 'params' or 'full'")
-    source = open_init_checkpoint(path)
-    if mode == "full" and source.kind != "workdir":
-        kind = "a model directory" if source.kind == "model_dir" else "a Hugging Face directory"
-        raise ValueError(f"config.train.init_state='full' needs a training workdir, but "
-                         f"{path} is {kind} (params only)")
-    check_architecture(source.config, state_lib.model_config(config),
-                       f"config.train.init_checkpoint={path}")
-    return source
+def taken_keys(source: InitSource, abstract_params, keys: Optional[Sequence[str]]) -> list:
+    """The top-level trees a warm start takes: `keys`, or every one both have; "bert"
+    must be among them."""
+    have = source.top_keys()
+    taken = list(keys) if keys is not None else [k for k in abstract_params if k in have]
+    if "bert" not in have or "bert" not in taken:
+        raise InitCheckpointError(f"train.init_checkpoint={source.path}: no 'bert' encoder params "
+                        f"(top-level keys: {have})")
+    return taken
 
 
-def warm_start(config, state, rng, abstract, shardings, tx, rng_sharding, source=None):
-    """Returns (state, rng) started from config.train.init_checkpoint (`source`: what
-    `check(config)` returned; opened and checked here if not given)."""
-    source = check(config) if source is None else source
-    if source.kind != "workdir":
-        return _from_params(source, config, state, tx, shardings), rng
-    ckpt = ckpt_lib.Checkpointer(ckpt_lib.locate(source.path)[0], every=1, read_only=True)
-    try:
-        if config.train.get("init_state", "params") == "full":
-            new_state, new_rng, _ = ckpt.restore(abstract, step=source.step,
-                                                 rng_sharding=rng_sharding)
-            return new_state, new_rng
-        params = ckpt.restore_params(abstract.params, step=source.step)
-    finally:
-        ckpt.close()
-    return state_lib.state_with_params(state, params, tx, shardings), rng
+def _layout(abstract_params) -> tuple[bool, int]:
+    """(scanned layers, number of layers) of a params tree's encoder."""
+    encoder = abstract_params["bert"]["encoder"]
+    if "layers" in encoder:
+        return True, int(jax.tree_util.tree_leaves(encoder["layers"])[0].shape[0])
+    return False, sum(1 for k in encoder if k.startswith("layer_"))
 
 
-def _from_params(source, config, state, tx, shardings):
-    """A model / Hugging Face directory's subtrees in place of ours (numpy, read now)."""
-    path, loaded = source.path, source.params
-    ours = state_lib.model_config(config)
-    if ours.scan_layers:
-        loaded = stack_layers(loaded, ours.num_hidden_layers)
-    current = jax.tree_util.tree_map(np.asarray, jax.device_get(state.params))
-    merged = dict(current)
-    taken = []
-    for key in current:
-        if key in loaded:
-            _check_shapes(loaded[key], current[key], f"{path}:{key}")
-            merged[key] = loaded[key]
-            taken.append(key)
-    if "bert" not in taken:
-        raise ValueError(f"config.train.init_checkpoint={path}: no 'bert' encoder params "
-                         f"(top-level keys: {sorted(loaded)})")
+def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[str]]) -> None:
+    """Every tensor of the trees taken exists in `source` with the model's shape; else a
+    UserError naming the key and both shapes. Cheap (shapes only): call it before
+    compiling anything."""
+    taken = taken_keys(source, abstract_params, keys)
+    got = source.shapes(*_layout(abstract_params))
+    want = flat_shapes({k: abstract_params[k] for k in taken})
+    missing = sorted(k for k in want if k not in got)
+    if missing:
+        raise InitCheckpointError(
+            f"train.init_checkpoint={source.path}: tensors missing: {missing[0]} ... "
+            f"({len(missing)} in all; the checkpoint has {sorted(got)[:5]} ...)")
+    for k, shape in sorted(want.items()):
+        if tuple(got[k]) != tuple(shape):
+            c = source.config
+            raise InitCheckpointError(
+                f"train.init_checkpoint={source.path}: {k} has shape {tuple(got[k])} in the "
+                f"checkpoint, the model expects {tuple(shape)} (checkpoint model "
+                f"hidden_size={c.hidden_size}, num_hidden_layers={c.num_hidden_layers}, "
+                f"intermediate_size={c.intermediate_size})")
+
+
+def warm_start(source: InitSource, state, rng, abstract, shardings, tx, rng_sharding, *,
+               keys: Optional[Sequence[str]] = None, full: bool = False):
+    """(state, rng) with the trees taken from `source` (shapes checked by check_shapes)
+    and a fresh optimizer state for them; `full`: a workdir's whole state and RNG."""
+    if full and source.kind != "workdir":
+        raise InitCheckpointError(f"config.train.init_state='full' needs a training workdir, but "
+                        f"{source.path} is a {source.kind.replace('_', ' ')} (params only)")
+    taken = taken_keys(source, abstract.params, keys)
+    if source.kind == "workdir":
+        ckpt = ckpt_lib.Checkpointer(locate(source.path)[0], every=1, read_only=True)
+        try:
+            if full:
+                new_state, new_rng, _ = ckpt.restore(abstract, step=source.step,
+                                                     rng_sharding=rng_sharding)
+                return new_state, new_rng
+            loaded = ckpt.restore_params({k: abstract.params[k] for k in taken},
+                                         step=source.step)
+        finally:
+            ckpt.close()
+    else:
+        params = numpy_params(source, abstract.params)
+        loaded = place_numpy({k: params[k] for k in taken},
+                             {k: abstract.params[k] for k in taken},
+                             {k: shardings.params[k] for k in taken})
     if jax.process_index() == 0:
-        fresh = sorted(set(current) - set(taken))
-        print(f"warm start: {taken} from {path}" + (f"; fresh init: {fresh}" if fresh else ""),
-              flush=True)
-    return state_lib.state_with_params(state, merged, tx, shardings)
+        fresh = sorted(set(abstract.params) - set(taken))
+        print(f"warm start: {taken} from {source.path}"
+              + (f"; fresh init: {fresh}" if fresh else ""), flush=True)
+    params = {**state.params, **loaded}
+    opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
+    return state.replace(params=params, opt_state=opt_state), rng
 
 
-def _check_shapes(loaded, current, where: str) -> None:
-    lf = dict(jax.tree_util.tree_flatten_with_path(loaded)[0])
-    cf = dict(jax.tree_util.tree_flatten_with_path(current)[0])
-    if set(lf) != set(cf):
-        missing = sorted(jax.tree_util.keystr(k) for k in set(cf) - set(lf))
-        extra = sorted(jax.tree_util.keystr(k) for k in set(lf) - set(cf))
-        raise ValueError(f"{where}: parameter names differ; missing {missing[:5]}, "
-                         f"unexpected {extra[:5]}")
-    for k, v in cf.items():
-        if np.shape(lf[k]) != np.shape(v):
-            raise ValueError(f"{where}{jax.tree_util.keystr(k)}: checkpoint shape "
-                             f"{np.shape(lf[k])}, model shape {np.shape(v)}")
+def place_numpy(tree, abstract, shardings):
+    """A host numpy tree -> jax.Arrays of `abstract`'s shapes and dtypes on `shardings` (the
+    same tree structure). Every process holds the host copy; each builds only its
+    addressable shards (device_put cannot target other processes' devices)."""
+    flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(tree))
+    refs = flax.traverse_util.flatten_dict(abstract)
+    places = flax.traverse_util.flatten_dict(shardings)
+    return flax.traverse_util.unflatten_dict({
+        k: jax.make_array_from_callback(
+            ref.shape, places[k], lambda idx, x=np.asarray(flat[k], ref.dtype): x[idx])
+        for k, ref in refs.items()})
+
+
+def numpy_params(source: InitSource, abstract_params) -> dict:
+    """A model or Hugging Face directory's params in the layer layout of `abstract_params`
+    (predicting with a fine-tuned model's own head)."""
+    scanned, layers = _layout(abstract_params)
+    params = dict(source.params)
+    if scanned and "bert" in params:
+        params["bert"] = stack_layers({"bert": params["bert"]}, layers)["bert"]
+    return params
+

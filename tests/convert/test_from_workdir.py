@@ -25,10 +25,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Sharding info not provided")
 
 
 def _pretrain(workdir, config):
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
 
     config.train.tensorboard = False
-    loop.train(config, str(workdir), make_train_data=lambda c, w: _Source(c),
+    pretraining.run(config, str(workdir), make_train_data=lambda c, w: _Source(c),
                make_eval_data=lambda c, w: None)
 
 
@@ -36,7 +36,7 @@ class _Source(MemorySource):
     """MemorySource with ids below the config's vocabulary."""
 
     def __init__(self, config):
-        super().__init__(int(config.data.batch_size))
+        super().__init__(int(config.train.batch_size))
         self.vocab = int(config.model.vocab_size)
 
     def __next__(self) -> dict:

@@ -11,7 +11,7 @@ from tests.data import fixtures
 
 def _cfg(pattern, **kw):
     base = dict(train_files=pattern, max_seq_length=32, max_predictions_per_seq=5,
-                batch_size=8, shuffle_buffer=16, vocab_size=fixtures.VOCAB_SIZE)
+                shuffle_buffer=16, vocab_size=fixtures.VOCAB_SIZE)
     base.update(kw)
     return pretrain.data_config(**base)
 
@@ -87,7 +87,7 @@ def test_check_batch():
 def test_corrupt_shard_error_names_the_file(good):
     d, paths = good
     _truncate(paths[1])
-    it = pretrain.train_iterator(_cfg(str(d / "*.tfrecord")), process_index=0,
+    it = pretrain.train_iterator(_cfg(str(d / "*.tfrecord")), 8, process_index=0,
                                  process_count=1)
     with pytest.raises(shards.CorruptShardError) as e:
         for _ in range(20):
@@ -105,7 +105,7 @@ def test_skip_corrupt_leaves_the_shard_out_with_a_count(good, caplog):
     _truncate(paths[2])
     open(d / "junk.tfrecord", "wb").write(b"not a tfrecord at all" * 10)
     caplog.set_level(logging.WARNING)
-    it = pretrain.train_iterator(_cfg(str(d / "*.tfrecord"), skip_corrupt=True),
+    it = pretrain.train_iterator(_cfg(str(d / "*.tfrecord"), skip_corrupt=True), 8,
                                  process_index=0, process_count=1)
     assert sorted(f for f, _, _ in it.skipped_files) == sorted([paths[2],
                                                                 str(d / "junk.tfrecord")])

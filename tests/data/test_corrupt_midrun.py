@@ -49,7 +49,7 @@ def cut(tmp_path):
 
 
 def _good_batches(cfg) -> int:
-    it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     for n in range(1000):
         try:
             next(it)
@@ -62,7 +62,7 @@ def test_the_error_names_file_byte_and_option_on_one_line(cut):
     pattern, paths, offset, good = cut
     cfg = _config(pattern, 10).data
     pretrain.check_input(cfg, process_index=0, process_count=1)  # the sample misses it
-    it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     with pytest.raises(CorruptShardError) as e:
         for _ in range(1000):
             next(it)
@@ -79,7 +79,7 @@ def test_state_after_the_error_resumes_exactly_on_the_repaired_files(cut, tmp_pa
     count, and set_state rebuilds the pipeline and skips that many batches (exact)."""
     pattern, paths, _, _ = cut
     cfg = _config(pattern, 10).data
-    broken = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    broken = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     n = _good_batches(cfg)
     for _ in range(n):
         next(broken)
@@ -89,8 +89,8 @@ def test_state_after_the_error_resumes_exactly_on_the_repaired_files(cut, tmp_pa
     assert "tf_iterator" not in state
     # The shard re-created whole (same name, here the same records).
     fixtures.write_files(tmp_path / "data", 2, 20, seq=LENGTH, preds=PREDICTIONS)
-    fresh = pretrain.train_iterator(cfg, process_index=0, process_count=1)
-    resumed = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    fresh = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
+    resumed = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     resumed.set_state(state)
     for _ in range(n):
         next(fresh)
@@ -102,7 +102,7 @@ def test_state_after_the_error_resumes_exactly_on_the_repaired_files(cut, tmp_pa
 def test_the_run_saves_the_last_good_step_then_resumes_with_skip_corrupt(cut, tmp_path,
                                                                         compile_cache):
     from bert_jax.train import checkpoint as ckpt_lib
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
 
     pattern, paths, offset, _ = cut
     config = _config(pattern, 40)
@@ -110,7 +110,7 @@ def test_the_run_saves_the_last_good_step_then_resumes_with_skip_corrupt(cut, tm
     assert 0 < good < 40  # the run meets the cut shard mid-way
     workdir = str(tmp_path / "run")
     with pytest.raises(CorruptShardError) as e:
-        loop.train(config, workdir)
+        pretraining.run(config, workdir)
     msg = str(e.value)
     assert "\n" not in msg and paths[1] in msg and f"byte {offset}" in msg, msg
     assert "data.skip_corrupt" in msg and f"Saved step {good}, the last good one" in msg, msg
@@ -118,7 +118,7 @@ def test_the_run_saves_the_last_good_step_then_resumes_with_skip_corrupt(cut, tm
 
     config = _config(pattern, good + 2)
     config.data.skip_corrupt = True
-    summary = loop.train(config, workdir)
+    summary = pretraining.run(config, workdir)
     assert summary["step"] == good + 2
 
 
@@ -132,7 +132,7 @@ def test_a_file_gone_mid_run_is_a_fault_naming_it(tmp_path):
     paths, _ = fixtures.write_files(tmp_path, 3, 20, seq=LENGTH, preds=PREDICTIONS)
     cfg = _config(str(tmp_path / "*.tfrecord"), 10).data
     cfg.update(dict(shuffle=False, num_parallel_reads=1))
-    it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     next(it)
     (tmp_path / paths[2]).unlink()
     with pytest.raises(InputReadError) as e:

@@ -10,10 +10,10 @@ from tests.data import fixtures
 FEATURES = list(features_lib.PRETRAIN_FEATURES)
 
 
-def _eval_records(cfg):
+def _eval_records(cfg, batch_size: int):
     """{input_ids row bytes: {feature: row}} of every real row of one eval pass."""
     out = []
-    for batch in pretrain.eval_iterator(cfg, process_index=0, process_count=1):
+    for batch in pretrain.eval_iterator(cfg, batch_size, process_index=0, process_count=1):
         for row in np.nonzero(batch["example_weights"] > 0)[0]:
             out.append({k: batch[k][row] for k in FEATURES})
     return out
@@ -31,10 +31,10 @@ def test_data_prep_serializer_reads_back_identically(tmp_path):
         (tmp_path / f"dp-{f}.tfrecord").write_bytes(blob)
     cfg = pretrain.data_config(train_files=str(tmp_path / "dp-*"),
                                eval_files=str(tmp_path / "dp-*"), max_seq_length=48,
-                               max_predictions_per_seq=7, batch_size=16,
+                               max_predictions_per_seq=7,
                                vocab_size=fixtures.VOCAB_SIZE)
     pretrain.check_input(cfg, process_index=0, process_count=1)
-    got = {fixtures.record_key(r["input_ids"]): r for r in _eval_records(cfg)}
+    got = {fixtures.record_key(r["input_ids"]): r for r in _eval_records(cfg, 16)}
     assert len(got) == len(recs)
     for rec in recs:
         row = got[fixtures.record_key(rec["input_ids"])]
@@ -69,10 +69,10 @@ def test_data_prep_tool_output_reads_back_identically(data_prep_run):
             expected.append({k: decoded[k][1] for k in FEATURES})
     assert len(expected) > 100
     cfg = pretrain.data_config(train_files=str(d / "sample-*"), eval_files=str(d / "sample-*"),
-                               max_seq_length=64, max_predictions_per_seq=10, batch_size=32,
+                               max_seq_length=64, max_predictions_per_seq=10,
                                vocab_file=helpers.VOCAB)
     pretrain.check_input(cfg, process_index=0, process_count=1)
-    got = _eval_records(cfg)
+    got = _eval_records(cfg, 32)
     assert len(got) == len(expected)
 
     def key(r):
@@ -80,7 +80,7 @@ def test_data_prep_tool_output_reads_back_identically(data_prep_run):
     assert sorted(map(key, got)) == sorted(map(key, expected))
     # and the training iterator yields the same records, re-masked on the fly if asked
     cfg.dynamic_masking = True
-    batch = next(pretrain.train_iterator(cfg, process_index=0, process_count=1))
+    batch = next(pretrain.train_iterator(cfg, 32, process_index=0, process_count=1))
     originals = {tuple(helpers.restore({k: np.stack([e[k]]) for k in FEATURES})[0]): e
                  for e in expected}
     remasked = helpers.restore(batch)

@@ -127,7 +127,7 @@ def test_doctor_cli_exits_1_on_an_empty_file(tmp_path, capsys):
 
 def _cfg(pattern):
     return pretrain.data_config(train_files=pattern, max_seq_length=32,
-                                max_predictions_per_seq=5, batch_size=8, vocab_file=VOCAB)
+                                max_predictions_per_seq=5, vocab_file=VOCAB)
 
 
 @pytest.mark.parametrize("case", ["empty", "missing_feature"])
@@ -169,15 +169,15 @@ def test_a_record_missing_a_feature_past_the_check_is_one_line_mid_run(split, tm
     lengths expected (a raw tf InvalidArgumentError before)."""
     path = _write(tmp_path / "a.tfrecord", _records(8, drop={6: "masked_lm_weights"})[0])
     cfg = _cfg(path)
-    cfg.update(dict(eval_files=path, shuffle=False, batch_size=4))
+    cfg.update(dict(eval_files=path, shuffle=False))
     pretrain.check_input(cfg, process_index=0, process_count=1)
     with pytest.raises(checks.DataCheckError) as e:
         if split == "train":
-            it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+            it = pretrain.train_iterator(cfg, 4, process_index=0, process_count=1)
             for _ in range(3):
                 next(it)
         else:
-            list(pretrain.eval_iterator(cfg, process_index=0, process_count=1))
+            list(pretrain.eval_iterator(cfg, 4, process_index=0, process_count=1))
     msg = str(e.value)
     assert isinstance(e.value, UserError) and "\n" not in msg
     assert msg.startswith(f"cannot parse the records of {path} as BERT pre-training features "

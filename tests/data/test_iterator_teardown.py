@@ -22,15 +22,15 @@ def _config(tmp_path, **overrides):
     fixtures.write_files(tmp_path, 2, 40, seq=32, preds=5)
     return pretrain.data_config(
         train_files=str(tmp_path / "*.tfrecord"), eval_files=str(tmp_path / "*.tfrecord"),
-        max_seq_length=32, max_predictions_per_seq=5, batch_size=8, shuffle_buffer=64,
+        max_seq_length=32, max_predictions_per_seq=5, shuffle_buffer=64,
         vocab_size=fixtures.VOCAB_SIZE, **overrides)
 
 
 def test_pipelines_have_no_autotuning_thread_to_wait_for(tmp_path):
     cfg = _config(tmp_path)
     assert cfg.autotune is False
-    train = pretrain.train_iterator(cfg, process_index=0, process_count=1)
-    evaluation = pretrain.eval_iterator(cfg, process_index=0, process_count=1)
+    train = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
+    evaluation = pretrain.eval_iterator(cfg, 8, process_index=0, process_count=1)
     assert train._dataset.options().autotune.enabled is False
     assert evaluation._dataset.options().autotune.enabled is False
     # ...and they still deliver: a few training batches, the whole eval set once.
@@ -44,8 +44,8 @@ def test_pipelines_have_no_autotuning_thread_to_wait_for(tmp_path):
 
 def test_data_autotune_turns_the_model_back_on(tmp_path):
     cfg = _config(tmp_path, autotune=True)
-    train = pretrain.train_iterator(cfg, process_index=0, process_count=1)
-    evaluation = pretrain.eval_iterator(cfg, process_index=0, process_count=1)
+    train = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
+    evaluation = pretrain.eval_iterator(cfg, 8, process_index=0, process_count=1)
     assert train._dataset.options().autotune.enabled is True
     assert evaluation._dataset.options().autotune.enabled is True
 

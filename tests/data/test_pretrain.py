@@ -18,7 +18,7 @@ FEATURES = list(features_lib.PRETRAIN_FEATURES)
 
 def _cfg(pattern, **kw):
     base = dict(train_files=pattern, eval_files=pattern, max_seq_length=32,
-                max_predictions_per_seq=5, batch_size=8, shuffle_buffer=64,
+                max_predictions_per_seq=5, shuffle_buffer=64,
                 vocab_size=fixtures.VOCAB_SIZE)
     base.update(kw)
     return pretrain.data_config(**base)
@@ -32,7 +32,7 @@ def _assert_same(a, b):
 
 def test_batches_have_the_documented_shapes_and_dtypes(shards):
     pattern, _, records = shards
-    batch = next(pretrain.train_iterator(_cfg(pattern), process_index=0, process_count=1))
+    batch = next(pretrain.train_iterator(_cfg(pattern), 8, process_index=0, process_count=1))
     want = {"input_ids": (8, 32), "input_mask": (8, 32), "segment_ids": (8, 32),
             "masked_lm_positions": (8, 5), "masked_lm_ids": (8, 5),
             "masked_lm_weights": (8, 5), "next_sentence_labels": (8,),
@@ -53,7 +53,7 @@ def test_batches_have_the_documented_shapes_and_dtypes(shards):
 def test_eval_reads_every_record_back_identically_exactly_once(shards):
     pattern, _, records = shards
     seen = {}
-    ev = pretrain.eval_iterator(_cfg(pattern, batch_size=16), process_index=0,
+    ev = pretrain.eval_iterator(_cfg(pattern), 16, process_index=0,
                                 process_count=1)
     n_batches = 0
     for batch in ev:
@@ -76,10 +76,11 @@ def test_eval_hosts_cover_every_record_once_with_equal_batch_counts(
         tmp_path, num_files, process_count):
     sizes = [7, 13, 5, 9, 1, 11][:num_files]
     paths, records = fixtures.write_files(tmp_path, num_files, sizes, seq=32, preds=5)
-    cfg = _cfg(str(tmp_path / "*.tfrecord"), batch_size=4 * process_count)
+    cfg = _cfg(str(tmp_path / "*.tfrecord"))
     seen, lengths = [], set()
     for host in range(process_count):
-        ev = pretrain.eval_iterator(cfg, process_index=host, process_count=process_count)
+        ev = pretrain.eval_iterator(cfg, 4 * process_count, process_index=host,
+                                    process_count=process_count)
         batches = list(ev)
         lengths.add(len(batches))
         assert len(batches) == len(ev)
@@ -100,7 +101,7 @@ def test_two_hosts_read_disjoint_files_covering_all(shards):
     cfg = _cfg(pattern)
     files_seen = []
     for host in (0, 1):
-        it = pretrain.train_iterator(cfg, process_index=host, process_count=2)
+        it = pretrain.train_iterator(cfg, 8, process_index=host, process_count=2)
         assert it.local_batch == 4
         mine, record_level = shard_lib.shard_files(sorted(paths), host, 2)
         assert not record_level and it.files == mine
@@ -119,7 +120,7 @@ def test_fewer_files_than_hosts_falls_back_to_records(tmp_path, caplog):
     cfg = _cfg(str(tmp_path / "*.tfrecord"), shuffle=False)
     seen = []
     for host in (0, 1):
-        it = pretrain.train_iterator(cfg, process_index=host, process_count=2)
+        it = pretrain.train_iterator(cfg, 8, process_index=host, process_count=2)
         seen.append({fixtures.record_key(r) for _ in range(3) for r in next(it)["input_ids"]})
     assert "record-level sharding" in caplog.text
     assert seen[0].isdisjoint(seen[1]) and len(seen[0] | seen[1]) == 24
@@ -132,10 +133,10 @@ def test_unknown_config_key_is_an_error():
 
 def test_missing_glob_names_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="nothing-here"):
-        pretrain.train_iterator(_cfg(str(tmp_path / "nothing-here*")), process_index=0,
+        pretrain.train_iterator(_cfg(str(tmp_path / "nothing-here*")), 8, process_index=0,
                                 process_count=1)
     with pytest.raises(ValueError, match="multiple of the number of hosts, 3"):
-        pretrain.train_iterator(_cfg(str(tmp_path / "x*")), process_index=0, process_count=3)
+        pretrain.train_iterator(_cfg(str(tmp_path / "x*")), 8, process_index=0, process_count=3)
 
 
 @pytest.mark.parametrize("dynamic,read_threads", [(False, -1), (True, -1), (True, -2)])
@@ -143,12 +144,12 @@ def test_state_roundtrip_in_process_is_exact(shards, dynamic, read_threads, tmp_
     """read_threads -1: local files read in the pipeline thread; -2: AUTOTUNE threads."""
     pattern, _, _ = shards
     cfg = _cfg(pattern, dynamic_masking=dynamic, read_threads=read_threads)
-    it = pretrain.train_iterator(cfg, process_index=1, process_count=2)
+    it = pretrain.train_iterator(cfg, 8, process_index=1, process_count=2)
     for _ in range(7):
         next(it)
     it.save(tmp_path / "state.npz")
     reference = [next(it) for _ in range(12)]   # crosses an epoch boundary (~17 batches)
-    fresh = pretrain.train_iterator(cfg, process_index=1, process_count=2)
+    fresh = pretrain.train_iterator(cfg, 8, process_index=1, process_count=2)
     fresh.restore(tmp_path / "state.npz")
     assert fresh.batches == 7
     for a in reference:
@@ -158,13 +159,13 @@ def test_state_roundtrip_in_process_is_exact(shards, dynamic, read_threads, tmp_
 def test_state_without_tf_blob_falls_back_to_skipping(shards, caplog):
     pattern, _, _ = shards
     cfg = _cfg(pattern, dynamic_masking=True)
-    it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     for _ in range(5):
         next(it)
     state = it.get_state()
     reference = [next(it) for _ in range(4)]
     state["tf_iterator"] = np.zeros(0, np.uint8)
-    fresh = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    fresh = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     fresh.set_state(state)
     assert "skipping 5 batches" in caplog.text
     for a in reference:
@@ -173,9 +174,9 @@ def test_state_without_tf_blob_falls_back_to_skipping(shards, caplog):
 
 def test_state_of_another_pipeline_is_refused(shards):
     pattern, _, _ = shards
-    state = pretrain.train_iterator(_cfg(pattern), process_index=0,
+    state = pretrain.train_iterator(_cfg(pattern), 8, process_index=0,
                                     process_count=1).get_state()
-    other = pretrain.train_iterator(_cfg(pattern, seed=1), process_index=0, process_count=1)
+    other = pretrain.train_iterator(_cfg(pattern, seed=1), 8, process_index=0, process_count=1)
     with pytest.raises(ValueError, match='"seed": \\[0, 1\\]'):
         other.set_state(state)
 
@@ -184,9 +185,9 @@ _RESUME = r"""
 import sys, numpy as np
 from bert_jax.data import pretrain
 cfg = pretrain.data_config(train_files=sys.argv[1], max_seq_length=32,
-    max_predictions_per_seq=5, batch_size=8, shuffle_buffer=64, vocab_size=2000,
+    max_predictions_per_seq=5, shuffle_buffer=64, vocab_size=2000,
     dynamic_masking=True)
-it = pretrain.train_iterator(cfg, process_index=0, process_count=2)
+it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=2)
 it.restore(sys.argv[2])
 np.savez(sys.argv[3], **{f"{i}/{k}": v for i in range(10) for k, v in next(it).items()})
 """
@@ -196,9 +197,9 @@ def test_resume_in_a_new_process_equals_uninterrupted(shards, tmp_path):
     """10 batches, save, restore in a NEW process, 10 more == 20 uninterrupted."""
     pattern, _, _ = shards
     cfg = _cfg(pattern, dynamic_masking=True)
-    full = [next(it) for it in [pretrain.train_iterator(cfg, process_index=0,
+    full = [next(it) for it in [pretrain.train_iterator(cfg, 8, process_index=0,
                                                         process_count=2)] for _ in range(20)]
-    it = pretrain.train_iterator(cfg, process_index=0, process_count=2)
+    it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=2)
     first = [next(it) for _ in range(10)]
     it.save(tmp_path / "state.npz")
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
@@ -224,14 +225,14 @@ def test_device_prefetcher_over_tfrecords_resumes_exactly(shards):
     cfg = _cfg(pattern, dynamic_masking=True)
     mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), ("data", "fsdp", "tensor"))
     sharding = device.batch_sharding(mesh)
-    with device.DevicePrefetcher(pretrain.train_iterator(cfg, process_index=0,
+    with device.DevicePrefetcher(pretrain.train_iterator(cfg, 8, process_index=0,
                                                          process_count=1), sharding) as pf:
         for _ in range(4):
             next(pf)
         time.sleep(0.3)
         state = pf.get_state()
         ref = [next(pf) for _ in range(5)]
-    with device.DevicePrefetcher(pretrain.train_iterator(cfg, process_index=0,
+    with device.DevicePrefetcher(pretrain.train_iterator(cfg, 8, process_index=0,
                                                          process_count=1), sharding) as pf:
         pf.set_state(state)
         for a in ref:
@@ -254,7 +255,7 @@ def test_device_prefetcher_unread_gives_batches_back_and_the_state_counts_them(s
 
     def prefetcher():
         return device.DevicePrefetcher(pretrain.train_iterator(
-            _cfg(pattern), process_index=0, process_count=1), sharding)
+            _cfg(pattern), 8, process_index=0, process_count=1), sharding)
 
     with prefetcher() as pf:
         seen = [np.asarray(next(pf)["input_ids"]) for _ in range(5)]
@@ -276,7 +277,7 @@ def test_window_shuffle_is_a_permutation_of_the_record_stream(shards):
     duplicated; within an epoch no record repeats; batches mix files."""
     pattern, _, records = shards
     assert len(records) == 228
-    it = pretrain.train_iterator(_cfg(pattern, shuffle_buffer=64), process_index=0,
+    it = pretrain.train_iterator(_cfg(pattern, shuffle_buffer=64), 8, process_index=0,
                                  process_count=1)
     batches = [next(it)["input_ids"] for _ in range(64)]   # 64 x 8 = 512 records
     keys = [fixtures.record_key(r) for b in batches for r in b]
@@ -285,6 +286,6 @@ def test_window_shuffle_is_a_permutation_of_the_record_stream(shards):
     assert list(counts.values()).count(3) == 512 - 2 * 228
     assert len(set(keys[:192])) == 192
     assert len({k[0] for k in keys[:8]}) > 1
-    plain = pretrain.train_iterator(_cfg(pattern, shuffle=False), process_index=0,
+    plain = pretrain.train_iterator(_cfg(pattern, shuffle=False), 8, process_index=0,
                                     process_count=1)
     assert [fixtures.record_key(r) for r in next(plain)["input_ids"]] != keys[:8]

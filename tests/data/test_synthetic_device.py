@@ -12,9 +12,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_synthetic_batches_look_like_pretraining_data():
-    cfg = pretrain.data_config(source="synthetic", batch_size=16, max_seq_length=64,
+    cfg = pretrain.data_config(source="synthetic", max_seq_length=64,
                                max_predictions_per_seq=10)
-    it = pretrain.train_iterator(cfg, process_index=1, process_count=2)
+    it = pretrain.train_iterator(cfg, 16, process_index=1, process_count=2)
     b = next(it)
     assert {k: (v.shape, v.dtype.name) for k, v in b.items()} == {
         "input_ids": ((8, 64), "int32"), "input_mask": ((8, 64), "int32"),
@@ -30,10 +30,10 @@ def test_synthetic_batches_look_like_pretraining_data():
     # state: resume is exact, other hosts differ
     state = it.get_state()
     ref = next(it)
-    it2 = pretrain.train_iterator(cfg, process_index=1, process_count=2)
+    it2 = pretrain.train_iterator(cfg, 16, process_index=1, process_count=2)
     it2.set_state(state)
     np.testing.assert_array_equal(next(it2)["input_ids"], ref["input_ids"])
-    other = next(pretrain.train_iterator(cfg, process_index=0, process_count=2))
+    other = next(pretrain.train_iterator(cfg, 16, process_index=0, process_count=2))
     assert not np.array_equal(other["input_ids"], b["input_ids"])
 
 
@@ -45,14 +45,14 @@ from jax.sharding import Mesh
 from bert_jax.data import pretrain, device, synthetic, state, checkpointing
 
 assert len(jax.devices()) == 8
-cfg = pretrain.data_config(source="synthetic", batch_size=16, max_seq_length=32,
+cfg = pretrain.data_config(source="synthetic", max_seq_length=32,
                            max_predictions_per_seq=5)
 pretrain.check_input(cfg)
 mesh = Mesh(np.array(jax.devices()).reshape(2, 4, 1), ("data", "fsdp", "tensor"))
 sharding = device.batch_sharding(mesh)
 assert sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp")), sharding.spec
 
-host = pretrain.train_iterator(cfg)
+host = pretrain.train_iterator(cfg, 16)
 local = host.batch(0)
 batch = device.to_global(local, sharding)
 for k, v in batch.items():
@@ -63,7 +63,7 @@ for k, v in batch.items():
     assert rows == [(2 * i, 2) for i in range(8)], rows
 
 # The prefetcher runs ahead; its state must still resume exactly.
-pf = device.DevicePrefetcher(pretrain.train_iterator(cfg), sharding, size=3)
+pf = device.DevicePrefetcher(pretrain.train_iterator(cfg, 16), sharding, size=3)
 for _ in range(3):
     next(pf)
 import time; time.sleep(0.5)   # let the thread fill its queue
@@ -76,7 +76,7 @@ directory = sys.argv[1]
 mngr = ocp.CheckpointManager(directory, item_names=("data",))
 mngr.save(3, args=ocp.args.Composite(data=checkpointing.InputStateSave(state=st)))
 mngr.wait_until_finished()
-pf2 = device.DevicePrefetcher(pretrain.train_iterator(cfg), sharding, size=3)
+pf2 = device.DevicePrefetcher(pretrain.train_iterator(cfg, 16), sharding, size=3)
 next(pf2)
 mngr.restore(3, args=ocp.args.Composite(data=checkpointing.InputStateRestore(pf2)))
 for a in ref:
@@ -109,15 +109,15 @@ from jax.sharding import Mesh
 from bert_jax.data import device, pretrain
 
 assert jax.process_count() == 2 and jax.device_count() == 4
-cfg = pretrain.data_config(source="synthetic", batch_size=8, max_seq_length=16,
+cfg = pretrain.data_config(source="synthetic", max_seq_length=16,
                            max_predictions_per_seq=3)
 mesh = Mesh(np.array(jax.devices()).reshape(2, 2, 1), ("data", "fsdp", "tensor"))
-with device.DevicePrefetcher(pretrain.train_iterator(cfg), device.batch_sharding(mesh)) as pf:
+with device.DevicePrefetcher(pretrain.train_iterator(cfg, 8), device.batch_sharding(mesh)) as pf:
     batch = next(pf)
 everything = multihost_utils.process_allgather(batch, tiled=True)
 for name, value in everything.items():
     # the global batch is host 0's local batch followed by host 1's
-    want = np.concatenate([pretrain.train_iterator(cfg, process_index=h,
+    want = np.concatenate([pretrain.train_iterator(cfg, 8, process_index=h,
                                                    process_count=2).batch(0)[name]
                            for h in (0, 1)])
     assert value.shape[0] == 8, value.shape

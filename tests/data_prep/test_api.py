@@ -115,7 +115,7 @@ def test_importing_it_defines_no_flags():
     (launch/train.py): the command line's flags exist only when it runs."""
     code = ("import dataclasses; from absl import flags; "
             "from data_prep import create_pretraining_data as cpd; "
-            "import bert_jax.train.data; "
+            "import bert_jax.tasks.pretraining.data; "
             "print([f.name for f in dataclasses.fields(cpd.Options) if f.name in flags.FLAGS])")
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
                        text=True, timeout=300)

@@ -124,7 +124,7 @@ def test_prepare_corpus_refuses_input_without_text_and_names_empty_files(tmp_pat
 
 
 def test_text_files_without_text_or_tokens_are_one_line_before_training(tmp_path, blank):
-    from bert_jax.train import data as data_lib
+    from bert_jax.tasks.pretraining import data as data_lib
 
     run = tmp_path / "run"
     with pytest.raises(DataCheckError) as e:
@@ -145,7 +145,7 @@ def test_text_files_without_text_or_tokens_are_one_line_before_training(tmp_path
 
 
 def test_text_files_mostly_unknown_warn_then_fail_before_compile(tmp_path, blank, capsys):
-    from bert_jax.train import data as data_lib
+    from bert_jax.tasks.pretraining import data as data_lib
 
     (tmp_path / "emoji.txt").write_text(UNKNOWN, encoding="utf-8")
     with pytest.raises(VocabError) as e:

@@ -12,8 +12,8 @@ import pytest
 from bert_jax.models import BertForPreTraining, BertModel
 from bert_jax.models.attention_ops import AttentionConfigError, resolve
 from bert_jax.models.embeddings import restart_positions
-from bert_jax.tasks.pretraining import pretraining_loss
-from bert_jax.train import step as step_lib
+from bert_jax.tasks.pretraining.loss import pretraining_loss
+from bert_jax.tasks import pretraining
 from tests.models.helpers import tiny_config
 
 LENGTH = 16
@@ -69,11 +69,11 @@ def _packed_batch():
 def _params(config):
     batch = _unpacked_batch()
     return flax.linen.meta.unbox(BertForPreTraining(config).init(
-        jax.random.PRNGKey(3), **step_lib.model_inputs(batch))["params"])
+        jax.random.PRNGKey(3), **pretraining.model_inputs(batch))["params"])
 
 
 def _encoder(config, params, batch):
-    inputs = step_lib.model_inputs(batch)
+    inputs = pretraining.model_inputs(batch)
     fn = jax.jit(lambda p, i: BertModel(config).apply(
         {"params": p}, i["input_ids"], i["attention_mask"], i["token_type_ids"],
         i.get("position_ids"), deterministic=True, sequence_ids=i.get("sequence_ids"))[0])
@@ -84,7 +84,7 @@ def _loss_and_grads(config, params, batch):
     model = BertForPreTraining(config)
 
     def loss(p, batch):
-        mlm, nsp = model.apply({"params": p}, **step_lib.model_inputs(batch),
+        mlm, nsp = model.apply({"params": p}, **pretraining.model_inputs(batch),
                                deterministic=True)
         return pretraining_loss(mlm, nsp, batch)
 
@@ -122,10 +122,10 @@ def test_packed_row_equals_its_sequences_unpacked(attention):
 
 
 def test_the_packed_step_divides_by_sequences_not_rows():
-    mlm_total, nsp_total = step_lib._totals(_packed_batch())
+    mlm_total, nsp_total = pretraining.totals(_packed_batch()).values()
     assert (float(mlm_total), float(nsp_total)) == (3.0, 2.0)
     with_fillers = dict(_packed_batch(), example_weights=jnp.zeros((1,), jnp.float32))
-    assert float(step_lib._totals(with_fillers)[1]) == pytest.approx(1e-5)
+    assert float(pretraining.totals(with_fillers)["nsp"]) == pytest.approx(1e-5)
 
 
 def test_restart_positions():

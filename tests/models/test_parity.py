@@ -12,7 +12,7 @@ from safetensors.numpy import load_file
 from bert_jax.convert.hf import config_from_hf, hf_to_params
 from bert_jax.models import BertForPreTraining, BertModel
 from bert_jax.models.heads import gather_positions
-from bert_jax.tasks.pretraining import pretraining_loss
+from bert_jax.tasks.pretraining.loss import pretraining_loss
 from tests.conftest import GOLDENS
 
 

@@ -24,10 +24,11 @@ def tiny_pairs_config(steps: int = 4, restarts: int = 1, mesh: dict | None = Non
     c.task.update(dict(name="tsv", data_dir=str(DATA / "pairs"), tfds_data_dir="",
                        cache_dir=cache_dir, max_seq_length=32, labels=(), regression=False,
                        single_sentence=False, eval_test=False, dev_split=""))
-    c.train.update(dict(batch_size=16, eval_batch_size=48, max_steps=steps, log_every=1,
-                        num_restarts=restarts, tensorboard=False, save_best_model=True))
+    c.train.update(dict(batch_size=16, eval_batch_size=48, steps=steps, log_every=1,
+                        tensorboard=False))
+    c.sweep.update(dict(restarts=restarts, save_best_model=True, delete_finished=False))
     c.schedule.update(dict(lr=5e-3, warmup_steps=0, decay="constant"))
-    c.checkpoint.update(dict(every=2, keep=5, delete_finished=False))
+    c.checkpoint.update(dict(every=2, keep=5))
     if mesh:
         c.mesh.update(mesh)
     return c
@@ -42,3 +43,21 @@ def losses(run_dir, key: str = "train/loss") -> dict[int, float]:
             if key in r:
                 out[r["step"]] = r[key]
     return out
+
+
+def prepared(config, steps: int = 2):
+    """(task, mesh, rules, programs) of `config` as the fine-tuning driver hands them to the
+    loop (bert_jax.tasks.finetune.run): the model from train.init_checkpoint or
+    config.model, the pair data's features, the compiled step's programs over `steps`."""
+    from bert_jax.data.tokenization import load_tokenizer
+    from bert_jax.tasks import finetune
+    from bert_jax.tasks.registry import task_from_config
+    from bert_jax.train import loop
+
+    bert_config, source, _ = finetune.model_and_init(config)
+    task = task_from_config(config, vocab_file=str(VOCAB))
+    tokenizer = load_tokenizer(vocab_file=str(VOCAB), do_lower_case=True)
+    task.prepare(config, bert_config, task.train_features(tokenizer), task.eval_sets(tokenizer),
+                 source)
+    mesh, rules = loop.precheck(config)
+    return task, mesh, rules, loop.build(config, task, mesh, rules, steps)

@@ -16,7 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 def main(workdir: str, meshes: list[str]) -> None:
     import jax
 
-    from bert_jax.tasks import finetune, finetune_run
+    from bert_jax.tasks import finetune
+    from bert_jax.train import loop
     from tests.tasks.finetune_common import losses, tiny_pairs_config
 
     assert jax.device_count() == 8, jax.devices()
@@ -26,21 +27,22 @@ def main(workdir: str, meshes: list[str]) -> None:
         config = tiny_pairs_config(mesh=dict(data=data, fsdp=fsdp, tensor=tensor))
         config.checkpoint.every = 1000  # one save (the end): orbax's first save on a mesh is slow
         seen = {}
-        original = finetune_run.train_and_evaluate
+        original = loop.build
 
-        def spy(setup, steps, *args, **kwargs):
-            params = steps.abstract.params["bert"]
+        def spy(*args, **kwargs):
+            programs = original(*args, **kwargs)
+            params = programs.abstract.params["bert"]
             seen["word_embeddings"] = str(
                 params["embeddings"]["word_embeddings"]["embedding"].sharding.spec)
             kernel = params["encoder"]["layer_0"]["intermediate"]["kernel"]
             seen["intermediate"] = list(kernel.sharding.shard_shape(kernel.shape))
-            return original(setup, steps, *args, **kwargs)
+            return programs
 
-        finetune.train_and_evaluate = spy
+        loop.build = spy
         try:
             summary = finetune.run(config, os.path.join(workdir, name), progress=False)
         finally:
-            finetune.train_and_evaluate = original
+            loop.build = original
         run_dir = os.path.join(workdir, name, "run_0")
         loss, gnorm = losses(run_dir), losses(run_dir, "train/grad_norm")
         out[name] = dict(loss=[loss[s] for s in sorted(loss)],

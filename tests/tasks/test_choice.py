@@ -12,8 +12,9 @@ import pytest
 from safetensors.numpy import load_file
 
 from bert_jax.convert.hf import config_from_hf, hf_to_params
-from bert_jax.data import task_readers as readers
-from bert_jax.data.task_readers import ChoiceExample, DataError
+from bert_jax.tasks.choice import reader as readers
+from bert_jax.tasks.choice.reader import ChoiceExample
+from bert_jax.tasks.readers import DataError
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.models import BertForMultipleChoice
 from bert_jax.tasks import choice, finetune
@@ -168,13 +169,13 @@ def test_scores_and_loss_match_transformers(golden, minilm_dir):
     np.testing.assert_allclose(np.asarray(scores), g["logits"], atol=1e-4)
     task = choice.ChoiceTask("jsonl", train_file="t", dev_file="d")
     batch = {"label_ids": jnp.asarray(g["labels"]), "example_weights": jnp.ones([2])}
-    loss, m = task.loss(scores, batch)
+    loss, m = task.objective(scores, batch)
     assert float(loss) == pytest.approx(float(g["loss"]), abs=1e-5)
     assert float(m["correct"]) == float((g["logits"].argmax(-1) == g["labels"]).sum())
     # A zero-weight (filler) row changes nothing.
     padded = {"label_ids": jnp.asarray([*g["labels"], 3]),
               "example_weights": jnp.asarray([1.0, 1.0, 0.0])}
-    loss2, _ = task.loss(jnp.concatenate([scores, jnp.asarray([[9.0, 0, 0, 0]])]), padded)
+    loss2, _ = task.objective(jnp.concatenate([scores, jnp.asarray([[9.0, 0, 0, 0]])]), padded)
     assert float(loss2) == pytest.approx(float(loss), abs=1e-6)
 
 
@@ -220,7 +221,7 @@ def test_finetune_swag_csv_tiny_model(tmp_path, compile_cache):
         "task.dev_file": str(DATA / "choice" / "val.csv"),
         "task.test_file": str(DATA / "choice" / "val.csv"),
         "task.max_seq_length": 40, "task.cache_dir": str(tmp_path / "cache"),
-        "tokenizer.vocab_file": str(VOCAB), "train.max_steps": 6, "train.log_every": 3,
+        "tokenizer.vocab_file": str(VOCAB), "train.steps": 6, "train.log_every": 3,
         "train.eval_batch_size": 48, "train.tensorboard": False,
         "schedule.lr": 1e-3, "model.hidden_size": 32, "model.num_hidden_layers": 1,
         "model.num_attention_heads": 2, "model.intermediate_size": 64,

@@ -12,7 +12,7 @@ import logging
 
 import pytest
 
-from bert_jax.data.task_readers import DataError
+from bert_jax.tasks.readers import DataError
 from bert_jax.data.tokenization import VocabError, load_tokenizer
 from bert_jax.errors import UserError
 from tests.tasks.conftest import VOCAB
@@ -190,7 +190,8 @@ def test_a_casing_mismatch_is_a_warning_with_the_fraction(tmp_path, caplog):
 def test_finetune_run_refuses_a_header_only_train_file_before_any_compile(tmp_path,
                                                                           monkeypatch):
     """The entry point launch/train.py calls for a fine-tuning config."""
-    from bert_jax.tasks import finetune, finetune_run
+    from bert_jax.tasks import finetune
+    from bert_jax.train import loop
     from tests.tasks.finetune_common import tiny_pairs_config
 
     (tmp_path / "data").mkdir()
@@ -200,8 +201,8 @@ def test_finetune_run_refuses_a_header_only_train_file_before_any_compile(tmp_pa
     config.task.data_dir = str(tmp_path / "data")
 
     def compiled(*a, **k):
-        raise AssertionError("the mesh and steps were built before the data were read")
-    monkeypatch.setattr(finetune_run.MeshSetup, "from_config", compiled)
+        raise AssertionError("the model and steps were built before the data were read")
+    monkeypatch.setattr(loop, "build", compiled)
     with pytest.raises(DataError, match=rf"^{tmp_path}/data/train.tsv: no examples \(only a "
                                         rf"header line\); expected one example per line in "
                                         rf"the GLUE tsv format$"):

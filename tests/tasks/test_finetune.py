@@ -8,7 +8,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bert_jax.tasks import finetune, init_checkpoint
+from bert_jax.convert.sources import open_source
+from bert_jax.tasks import finetune
 from bert_jax.tasks.registry import base_config
 
 from tests.tasks.conftest import DATA, VOCAB
@@ -22,9 +23,9 @@ def _tiny_config():
     c.tokenizer.vocab_file = str(VOCAB)
     c.train.batch_size = 16
     c.train.eval_batch_size = 48  # 200 dev examples: the last batch is padded (200 = 4*48+8)
-    c.train.max_steps = 4
+    c.train.steps = 4
     c.train.log_every = 2
-    c.train.num_restarts = 2
+    c.sweep.restarts = 2
     c.train.tensorboard = False
     c.schedule.lr = 1e-3
     return c
@@ -57,7 +58,7 @@ def test_run_pairs_tiny_model(reference_run):
 
 def test_run_squad_tiny_model(tmp_path):
     c = _tiny_config()
-    c.train.num_restarts = 1
+    c.sweep.restarts = 1
     c.task.kind = "squad"
     c.task.update(dict(version="2.0", train_file=str(DATA / "squad" / "dev-v2.0.json"),
                        predict_file=str(DATA / "squad" / "dev-v2.0.json"), tfds_data_dir="",
@@ -84,7 +85,7 @@ def test_nonfinite_run_stops_before_saving_it(tmp_path):
     c.train.log_every = 100      # no log step before the end: the save has to read the flags
     c.checkpoint.update(dict(every=1, keep=10))
     c.schedule.lr = 1e30
-    with pytest.raises(FloatingPointError, match="non-finite loss or gradient by step"):
+    with pytest.raises(FloatingPointError, match="non-finite loss or gradient at step 2 "):
         finetune.run(c, str(tmp_path), progress=False)
     ckpt = tmp_path / "run_0" / "checkpoints"
     saved = sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit())
@@ -96,11 +97,11 @@ def test_nonfinite_run_stops_before_saving_it(tmp_path):
 
 
 def test_init_from_minilm_hf_dir(minilm_dir, tmp_path):
-    source = init_checkpoint.open_init_checkpoint(str(minilm_dir))
+    source = open_source(str(minilm_dir))
     assert source.kind == "hf"
     assert source.config.hidden_size == 384 and source.config.num_hidden_layers == 6
     assert source.vocab and source.vocab.endswith("vocab.txt")
     emb = source.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
     assert emb.shape == (30522, 384) and float(np.abs(emb).mean()) > 0.0
     with pytest.raises(FileNotFoundError, match="neither a model directory"):
-        init_checkpoint.open_init_checkpoint(str(tmp_path))
+        open_source(str(tmp_path))

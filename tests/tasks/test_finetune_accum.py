@@ -7,25 +7,20 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax.data.tokenization import load_tokenizer
-from bert_jax.tasks.finetune import model_and_init
-from bert_jax.tasks.finetune_run import MeshSetup, initial_state
-from bert_jax.tasks.registry import task_from_config
-from tests.tasks.conftest import VOCAB
-from tests.tasks.finetune_common import tiny_pairs_config
+from bert_jax.data import device as data_device
+from bert_jax.train import loop
+from tests.tasks.finetune_common import prepared, tiny_pairs_config
 
 
 def _setup(accum: int):
     config = tiny_pairs_config()
     config.train.accum_steps = accum
+    config.schedule.lr = 5e-3
     # No dropout: the masks of a micro-batch cannot be those of the same rows in one batch.
     config.model_overrides.hidden_dropout_prob = 0.0
     config.model_overrides.attention_probs_dropout_prob = 0.0
-    bert_config = model_and_init(config)[0]
-    task = task_from_config(config, vocab_file=str(VOCAB))
-    features = task.train_features(load_tokenizer(vocab_file=str(VOCAB), do_lower_case=True))
-    setup = MeshSetup.from_config(config, task, bert_config, features["input_ids"].shape[1])
-    return setup, setup.steps_for(config, 5e-3, 10), features
+    task, mesh, rules, programs = prepared(config, steps=10)
+    return config, task, mesh, rules, programs
 
 
 def _host(tree):
@@ -35,18 +30,18 @@ def _host(tree):
 def test_four_micro_batches_equal_one_batch():
     runs = {}
     for accum in (1, 4):
-        setup, steps, features = _setup(accum)
-        state, rng = initial_state(setup, steps, 0)
-        batch = {k: v[:16] for k, v in features.items()}
+        config, task, mesh, rules, programs = _setup(accum)
+        state, rng = loop.fresh_state(config, task, programs, mesh, rules)
+        batch = {k: v[:16] for k, v in task.train_features.items()}
         batch["example_weights"] = np.ones(16, np.float32)
         # Micro-batch 0 is rows 0, 4, 8, 12 (bert_jax.train.step.micro_batches): with three of
         # them weightless it holds one real row against four in the others, so a mean of
         # micro-batch means would weigh row 12 four times too much.
         batch["example_weights"][[0, 4, 8]] = 0.0
-        batch = setup.place(batch)
+        batch = data_device.to_global(batch, data_device.batch_sharding(mesh, rules))
         metrics = []
         for _ in range(2):
-            state, m = steps.train_fn(state, batch, rng)
+            state, m = programs.train_fn(state, batch, rng)
             metrics.append(_host(m))
         runs[accum] = (metrics, _host(state.params))
     (m1, p1), (m4, p4) = runs[1], runs[4]
@@ -64,11 +59,9 @@ def test_four_micro_batches_equal_one_batch():
 def test_accum_steps_must_divide_the_batch():
     config = tiny_pairs_config()
     config.train.accum_steps = 3
-    bert_config = model_and_init(config)[0]
-    task = task_from_config(config, vocab_file=str(VOCAB))
     with pytest.raises(ValueError, match=r"config.train.batch_size=16 is not divisible by "
                                          r"config.train.accum_steps=3"):
-        MeshSetup.from_config(config, task, bert_config, 32)
+        loop.precheck(config)
     config.train.accum_steps = 0
     with pytest.raises(ValueError, match=r"config.train.accum_steps=0: expected a positive"):
-        MeshSetup.from_config(config, task, bert_config, 32)
+        loop.precheck(config)

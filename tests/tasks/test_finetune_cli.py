@@ -31,19 +31,19 @@ def _env():
 def test_sigterm_saves_exits_0_and_the_same_command_finishes(tmp_path):
     workdir = tmp_path / "mrpc_like"
     cmd = [sys.executable, str(REPO / "launch/train.py"), *ARGS, f"--workdir={workdir}",
-           "--config.train.max_steps=100000"]
+           "--config.train.steps=100000"]
     log = workdir / "run_0" / "metrics.jsonl"
     stdout = sigterm_when_logged(cmd, _env(), log, cwd=REPO)
-    saved = int(stdout.split(" at step ")[1].split(";")[0])
+    saved = int(stdout.split("preemption: saved step ")[1].split(";")[0])
     assert sorted(map(int, os.listdir(workdir / "run_0" / "checkpoints"))) == [saved]
     assert not (workdir / "metrics.jsonl").exists()  # no run finished yet
 
     # The same command, now bounded: resumes at `saved`, trains 2 more steps, evaluates.
-    cmd[-1] = f"--config.train.max_steps={saved + 2}"
+    cmd[-1] = f"--config.train.steps={saved + 2}"
     done = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"resumed at step {saved}" in done.stdout
+    assert f"checkpoints/{saved}" in done.stdout and "resumed from" in done.stdout
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
     assert steps[-3:] == [saved + 1, saved + 2, saved + 2]  # two train logs, then the eval
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -61,7 +61,7 @@ def test_swag_config_runs_the_multiple_choice_task(tmp_path):
     cmd = [sys.executable, str(REPO / "launch/train.py"), "--config=configs/swag.py",
            "--config.task.train_file=tests/tasks/data/choice/train.csv",
            "--config.task.dev_file=tests/tasks/data/choice/val.csv",
-           "--config.task.max_seq_length=32", *ARGS[2:7], "--config.train.max_steps=3",
+           "--config.task.max_seq_length=32", *ARGS[2:7], "--config.train.steps=3",
            "--config.train.eval_batch_size=40", "--config.train.tensorboard=False",
            f"--workdir={workdir}"]
     subprocess.run(cmd, env=_env(), cwd=REPO, check=True, capture_output=True, timeout=600)

@@ -15,6 +15,7 @@ import pytest
 from flax.traverse_util import flatten_dict
 
 from tests.tasks.conftest import REPO
+from tests.train.common import launch_processes
 from tests.tasks.finetune_common import losses
 
 
@@ -66,23 +67,18 @@ def test_meshes_match_one_device(tmp_path, reference_run):
     assert out["2.1.4"]["word_embeddings"] == "P(None, 'fsdp')"
 
 
-@pytest.mark.slow  # two processes, each importing and compiling: ~1 min
-def test_two_processes_match_one_device(tmp_path, reference_run):
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        address = f"localhost:{s.getsockname()[1]}"
+def _launch(workdir, *extra) -> list[tuple[int, str, str]]:
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
                JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    worker = str(REPO / "tests/tasks/finetune_process_worker.py")
-    procs = [subprocess.Popen([sys.executable, worker, str(i), "2", address, str(tmp_path)],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for i in range(2)]
-    outputs = [p.communicate(timeout=900) for p in procs]
-    for p, (stdout, stderr) in zip(procs, outputs):
-        assert p.returncode == 0, stderr[-6000:]
+    return launch_processes(str(REPO / "tests/tasks/finetune_process_worker.py"),
+                            ("2", workdir, *extra), env, REPO, timeout=600)
+
+
+@pytest.mark.slow  # two processes, each importing and compiling: ~1 min
+def test_two_processes_match_one_device(tmp_path, reference_run):
+    for rc, stdout, stderr in _launch(tmp_path):
+        assert rc == 0, stderr[-6000:]
         assert "done" in stdout
     got, want = losses(tmp_path / "run_0"), losses(reference_run[0] / "run_0")
     np.testing.assert_allclose([got[s] for s in range(1, 5)], [want[s] for s in range(1, 5)],
@@ -114,3 +110,19 @@ def test_two_processes_match_one_device(tmp_path, reference_run):
     data_dir = tmp_path / "run_0" / "checkpoints" / "4" / "data"
     assert sorted(p.name for p in data_dir.iterdir() if p.suffix == ".npz") == [
         "process_0-of-2.npz", "process_1-of-2.npz"]
+
+
+@pytest.mark.slow  # two processes, each importing and compiling: ~1 min
+def test_input_failing_on_one_process_stops_both_at_the_same_step(tmp_path):
+    """The loop's input gate in a fine-tuning run: process 1's input fails when asked for
+    batch 3; both processes stop after step 3's void step at the same step, each with one
+    error, with step 3 (the last good one) saved, instead of process 0 waiting in the next
+    step's collectives."""
+    (rc0, out0, err0), (rc1, out1, err1) = _launch(tmp_path, 3)
+    assert (rc0, rc1) == (3, 3), err0[-3000:] + err1[-3000:]
+    assert ("error DataError: batch 3 of process 1 is unreadable Saved step 3, the last good "
+            "one: the same command resumes from it.") in out1, out1[-3000:]
+    assert ("error InputFailedElsewhere: the input of process 1 failed (its log names the "
+            "file and what to do); every process stopped at step 3. Saved step 3") in out0, \
+        out0[-3000:]
+    assert sorted(os.listdir(tmp_path / "run_0" / "checkpoints")) == ["2", "3"]

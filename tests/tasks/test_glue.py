@@ -8,8 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.data import task_readers as readers
-from bert_jax.data import tasks_input
+from bert_jax.tasks.glue import reader as readers
+from bert_jax.tasks.readers import DataError
+from bert_jax.tasks import inputs as tasks_input
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.tasks import classification, glue
 from bert_jax.tasks.base import EvalSet, collect
@@ -51,10 +52,10 @@ def test_read_mnli_by_header_names(tmp_path):
 
 def test_reader_errors_name_file_and_line(tmp_path):
     bad = _write(tmp_path / "dev.tsv", "index\tsentence1\tsentence2\tlabel\n0\tonly two\n")
-    with pytest.raises(readers.DataError, match=r"dev.tsv: line 2: 2 columns"):
+    with pytest.raises(DataError, match=r"dev.tsv: line 2: 2 columns"):
         readers.read_glue_tsv(bad, "rte")
     wrong = _write(tmp_path / "x.tsv", "a\tb\n1\t2\n")
-    with pytest.raises(readers.DataError, match=r"x.tsv: line 1: no column 'sentence1'"):
+    with pytest.raises(DataError, match=r"x.tsv: line 1: no column 'sentence1'"):
         readers.read_glue_tsv(wrong, "rte")
     with pytest.raises(FileNotFoundError, match="nope.tsv"):
         readers.read_glue_tsv(str(tmp_path / "nope.tsv"), "rte")
@@ -81,8 +82,8 @@ def test_truncate_pair_pops_the_longer_side():
 
 
 def test_pair_features_layout(tok):
-    ex = [readers.PairExample("0", "Hello world", "unaffable x", "1"),
-          readers.PairExample("1", "single", None, "0")]
+    ex = [classification.PairExample("0", "Hello world", "unaffable x", "1"),
+          classification.PairExample("1", "single", None, "0")]
     f = classification.convert_examples(ex, tok, 10, ("0", "1"))
     cls, sep = tok.cls_id, tok.sep_id
     want = [cls] + tok.encode("hello world") + [sep] + tok.encode("unaffable x") + [sep]
@@ -92,10 +93,10 @@ def test_pair_features_layout(tok):
     np.testing.assert_array_equal(f["input_mask"][0], [1] * 9 + [0])
     np.testing.assert_array_equal(f["input_ids"][1][:3], [cls, tok.encode("single")[0], sep])
     assert f["label_ids"].tolist() == [1, 0] and f["input_ids"].dtype == np.int32
-    with pytest.raises(readers.DataError, match="label 'maybe' is not one of"):
-        classification.convert_examples([readers.PairExample("9", "a", "b", "maybe")], tok, 8,
+    with pytest.raises(DataError, match="label 'maybe' is not one of"):
+        classification.convert_examples([classification.PairExample("9", "a", "b", "maybe")], tok, 8,
                                         ("0", "1"))
-    reg = classification.convert_examples([readers.PairExample("0", "a", "b", "3.8")], tok, 8,
+    reg = classification.convert_examples([classification.PairExample("0", "a", "b", "3.8")], tok, 8,
                                           None)
     assert reg["label_ids"].dtype == np.float32 and reg["label_ids"][0] == pytest.approx(3.8)
 
@@ -122,11 +123,22 @@ def test_eval_batches_pad_with_zero_weights_and_collect_drops_them():
     assert kept["x"].tolist() == [0, 10, 20, 30, 40]
 
 
-def test_train_batches_cover_each_epoch():
+def test_train_batches_cover_each_epoch_and_resume_exactly():
     feats = {"x": np.arange(10, dtype=np.int32)}
-    seen = np.concatenate([b["x"] for b in tasks_input.train_batches(feats, 5, seed=0,
-                                                                     num_epochs=2)])
-    assert len(seen) == 20 and sorted(seen.tolist()) == sorted(list(range(10)) * 2)
+    it = tasks_input.FeatureBatches(feats, 4, seed=0)
+    seen = np.concatenate([next(it)["x"] for _ in range(5)])   # 20 rows: 2 epochs
+    assert sorted(seen.tolist()) == sorted(list(range(10)) * 2)
+    state = it.get_state()
+    after = [next(it)["x"].tolist() for _ in range(3)]
+    again = tasks_input.FeatureBatches(feats, 4, seed=0)
+    again.set_state(state)
+    assert [next(again)["x"].tolist() for _ in range(3)] == after
+    # Two processes take the two halves of the same global batches.
+    halves = [tasks_input.FeatureBatches(feats, 4, seed=0, process_index=p, process_count=2)
+              for p in (0, 1)]
+    assert np.concatenate([next(h)["x"] for h in halves]).tolist() == seen[:4].tolist()
+    with pytest.raises(ValueError, match="not of feature batches with seed 1"):
+        tasks_input.FeatureBatches(feats, 4, seed=1).set_state(state)
 
 
 def test_feature_cache_round_trip(tmp_path):
@@ -200,7 +212,7 @@ def test_glue_task_evaluate_and_submission(tmp_path, tok):
     logits[:10] = logits[:10, ::-1]  # 10 wrong
     order = np.random.default_rng(0).permutation(n)  # rows come back in any order
     kept = {"logits": logits[order], "example_index": dev.features["example_index"][order]}
-    out = task.evaluate(dev, kept)
+    out = task.score(dev, kept)
     assert out["accuracy"] == pytest.approx((n - 10) / n)
     test = EvalSet("test", dev.features, dev.examples, labeled=False)
     (path,) = task.write_predictions(test, kept, str(tmp_path))
@@ -232,7 +244,7 @@ def test_every_glue_config_builds_its_task():
     for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"):
         c = cfg.get_config(name)
         assert c.train.batch_size == 32 and c.schedule.warmup_ratio == 0.1
-        assert c.model_overrides.hidden_dropout_prob == 0.1 and c.train.num_epochs == 3
+        assert c.model_overrides.hidden_dropout_prob == 0.1 and c.train.epochs == 3
         task = task_from_config(c)
         assert task.num_labels == {"stsb": 1, "mnli": 3}.get(name, 2)
     assert task_from_config(cfg.get_config("task=mnli")).dev_splits == (
@@ -288,7 +300,7 @@ def test_mnli_test_sets_and_ax_submission_files(tmp_path, tok):
         kept = {"logits": np.tile([0.0, 0.0, 1.0], (n, 1)).astype(np.float32),
                 "example_index": s.features["example_index"]}
         if s.labeled:
-            assert task.evaluate(s, kept)["accuracy"] == 0.0  # all "neutral"
+            assert task.score(s, kept)["accuracy"] == 0.0  # all "neutral"
         written += task.write_predictions(s, kept, str(tmp_path / "out"))
     names = sorted(p.rsplit("/", 1)[1] for p in written)
     assert names == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "dev_predictions-dev_matched.tsv",

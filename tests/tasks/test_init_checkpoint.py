@@ -10,11 +10,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from bert_jax.tasks import finetune, init_checkpoint
-from bert_jax.tasks.finetune_run import MeshSetup, initial_state
-from bert_jax.tasks.registry import task_from_config
-from tests.tasks.conftest import VOCAB
-from tests.tasks.finetune_common import tiny_pairs_config
+from bert_jax.convert.sources import open_source
+from bert_jax.tasks import finetune
+from bert_jax.train import loop
+from tests.tasks.finetune_common import prepared, tiny_pairs_config
 
 # _saved_bert reads the checkpoint back as numpy (no target shardings): expected.
 pytestmark = pytest.mark.filterwarnings("ignore:Sharding info not provided")
@@ -25,7 +24,7 @@ def pretrain_workdir(tmp_path_factory, compile_cache):
     """2 steps of the pre-training loop (bert_jax.train.loop, as launch/train.py runs it) on
     the tiny test model with BERT's 30,522-token vocabulary and scanned layers, both steps
     saved."""
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
     from tests.train.common import memory_data, tiny_config
 
     workdir = tmp_path_factory.mktemp("pretrain")
@@ -34,7 +33,7 @@ def pretrain_workdir(tmp_path_factory, compile_cache):
     config.model.scan_layers = True
     config.train.tensorboard = False
     config.checkpoint.every = 1  # steps 1 and 2 saved
-    loop.train(config, str(workdir), make_train_data=memory_data,
+    pretraining.run(config, str(workdir), make_train_data=memory_data,
                make_eval_data=lambda c, w: None)
     return workdir
 
@@ -84,20 +83,17 @@ def test_model_section_set_beside_a_checkpoint_is_an_error(pretrain_workdir):
 
 
 def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
-    source = init_checkpoint.open_init_checkpoint(str(pretrain_workdir / "checkpoints"))
+    source = open_source(str(pretrain_workdir / "checkpoints"))
     assert (source.kind, source.step) == ("workdir", 2)
     assert source.config.hidden_size == 32 and source.config.num_hidden_layers == 2
     assert source.config.vocab_size == 30522 and source.config.scan_layers
-    assert source.shapes["encoder/layers/intermediate/kernel"] == (2, 32, 64)
+    assert source.saved_shapes["bert/encoder/layers/intermediate/kernel"] == (2, 32, 64)
 
     config = _config(pretrain_workdir)
     bert_config, source, _ = finetune.model_and_init(config)
     assert bert_config.scan_layers and bert_config.hidden_dropout_prob == 0.1
-    task = task_from_config(config, vocab_file=str(VOCAB))
-    setup = MeshSetup.from_config(config, task, bert_config, 32)
-    steps = setup.steps_for(config, 1e-3, 2)
-    init_checkpoint.check_encoder(source, steps.abstract.params["bert"], True, 2)
-    state, _ = initial_state(setup, steps, 0, source)
+    task, mesh, rules, programs = prepared(config)
+    state, _ = loop.fresh_state(config, task, programs, mesh, rules)
 
     got = flax.traverse_util.flatten_dict(jax.device_get(state.params["bert"]))
     want = _saved_bert(pretrain_workdir, 2)
@@ -106,7 +102,8 @@ def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
         np.testing.assert_array_equal(np.asarray(got[key]), np.asarray(want[key]),
                                       err_msg="/".join(key))
     # ...trained weights, not a fresh init: step 2 differs from a fresh seed-0 init.
-    fresh, _ = initial_state(setup, steps, 0, None)
+    task.init_source = None
+    fresh, _ = loop.fresh_state(config, task, programs, mesh, rules)
     fresh_kernel = np.asarray(fresh.params["bert"]["encoder"]["layers"]["intermediate"]["kernel"])
     assert not np.array_equal(fresh_kernel, want[("encoder", "layers", "intermediate", "kernel")])
     # The head is new and the optimizer state fresh (all moments zero).
@@ -120,12 +117,9 @@ def test_encoder_from_a_chosen_step(pretrain_workdir):
     """WORKDIR/checkpoints/<step> loads that step's encoder, not the latest; a step that was
     not saved is an error listing the saved ones."""
     config = _config(pretrain_workdir / "checkpoints" / "1")
-    bert_config, source, _ = finetune.model_and_init(config)
-    assert (source.kind, source.step) == ("workdir", 1)
-    task = task_from_config(config, vocab_file=str(VOCAB))
-    setup = MeshSetup.from_config(config, task, bert_config, 32)
-    steps = setup.steps_for(config, 1e-3, 2)
-    state, _ = initial_state(setup, steps, 0, source)
+    task, mesh, rules, programs = prepared(config)
+    assert (task.init_source.kind, task.init_source.step) == ("workdir", 1)
+    state, _ = loop.fresh_state(config, task, programs, mesh, rules)
     got = flax.traverse_util.flatten_dict(jax.device_get(state.params["bert"]))
     want, latest = _saved_bert(pretrain_workdir, 1), _saved_bert(pretrain_workdir, 2)
     key = ("encoder", "layers", "intermediate", "kernel")
@@ -135,17 +129,17 @@ def test_encoder_from_a_chosen_step(pretrain_workdir):
                                       err_msg="/".join(k))
     with pytest.raises(FileNotFoundError, match=r"no checkpoint at step 5 in .*checkpoints; "
                                                 r"saved steps: \[1, 2\]"):
-        init_checkpoint.open_init_checkpoint(str(pretrain_workdir / "checkpoints" / "5"))
+        open_source(str(pretrain_workdir / "checkpoints" / "5"))
 
 
 def test_finetune_from_pretraining_workdir_end_to_end(pretrain_workdir, tmp_path):
     config = _config(pretrain_workdir)
-    config.train.save_best_model = True
+    config.sweep.save_best_model = True
     summary = finetune.run(config, str(tmp_path), progress=False)
     assert summary["runs"] == 1 and 0.0 <= summary["dev/accuracy_mean"] <= 1.0
     # best_model/ is a model directory with the layers unstacked, whose encoder is the
     # checkpoint's moved by 2 fine-tuning steps.
-    source = init_checkpoint.open_init_checkpoint(str(tmp_path / "best_model"))
+    source = open_source(str(tmp_path / "best_model"))
     assert source.kind == "model_dir" and not source.config.scan_layers
     kernel = source.params["bert"]["encoder"]["layer_1"]["intermediate"]["kernel"]
     before = _saved_bert(pretrain_workdir, 2)[("encoder", "layers", "intermediate", "kernel")][1]
@@ -159,7 +153,7 @@ def test_size_mismatch_fails_before_compiling(pretrain_workdir, tmp_path, monkey
     def no_training(*args, **kwargs):
         raise AssertionError("reached training: the shape check came too late")
 
-    monkeypatch.setattr(finetune, "train_and_evaluate", no_training)
+    monkeypatch.setattr(loop, "build", no_training)
     with pytest.raises(ValueError, match=r"bert/encoder/layers/intermediate/bias has shape "
                                          r"\(2, 64\) in the checkpoint, the model expects "
                                          r"\(2, 128\)"):
@@ -169,9 +163,9 @@ def test_size_mismatch_fails_before_compiling(pretrain_workdir, tmp_path, monkey
 def test_not_a_checkpoint_is_a_clear_error(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     with pytest.raises(FileNotFoundError, match="no checkpoint in"):
-        init_checkpoint.open_init_checkpoint(str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="nor a pre-training workdir"):
-        init_checkpoint.open_init_checkpoint(str(tmp_path / "checkpoints" / "nothing"))
+        open_source(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="nor a training run"):
+        open_source(str(tmp_path / "checkpoints" / "nothing"))
 
 
 def test_model_section_under_an_override_is_an_error_without_a_checkpoint():

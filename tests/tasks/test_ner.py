@@ -4,7 +4,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.data import task_readers as readers
+from bert_jax.tasks.ner import reader as readers
+from bert_jax.tasks.readers import DataError
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.tasks import ner
 from bert_jax.tasks.base import EvalSet
@@ -25,7 +26,7 @@ def test_read_conll(tmp_path):
     assert [e.words for e in ex] == [("EU", "rejects", "German"), ("Peter", "Blackburn")]
     assert ex[1].tags == ("I-PER", "I-PER")
     path.write_text("EU I-ORG\nbroken\n")
-    with pytest.raises(readers.DataError, match=r"eng.testa: line 2"):
+    with pytest.raises(DataError, match=r"eng.testa: line 2"):
         readers.read_conll(str(path))
 
 
@@ -41,7 +42,7 @@ def test_first_subtoken_labels(tok):
     assert np.flatnonzero(f["label_weights"][0]).tolist() == first
     assert f["label_ids"][0, first].tolist() == [0, labels.index("B-PER"), 0]
     assert f["word_index"][0, first].tolist() == [0, 1, 2]
-    with pytest.raises(readers.DataError, match="tag 'B-FOO'"):
+    with pytest.raises(DataError, match="tag 'B-FOO'"):
         ner.convert_examples([readers.NerExample("1", ("x",), ("B-FOO",))], tok, 8, labels)
 
 
@@ -70,12 +71,12 @@ def test_authored_set_gold_round_trip(tok, tmp_path):
     (dev,) = task.eval_sets(tok)
     assert len(dev.examples) == 100
     kept = {"pred_ids": dev.features["label_ids"], "example_index": dev.features["example_index"]}
-    out = task.evaluate(dev, kept)
+    out = task.score(dev, kept)
     assert out["f1"] == 1.0 and out["token_accuracy"] == 1.0
     # All-"O" predictions: no entity found.
     none = {"pred_ids": np.zeros_like(dev.features["label_ids"]),
             "example_index": dev.features["example_index"]}
-    assert task.evaluate(dev, none)["f1"] == 0.0
+    assert task.score(dev, none)["f1"] == 0.0
     (path,) = task.write_predictions(EvalSet("dev", dev.features, dev.examples), kept,
                                      str(tmp_path))
     first = open(path, encoding="utf-8").readline().split()

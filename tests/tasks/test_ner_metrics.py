@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from bert_jax.tasks import ner_metrics
+from bert_jax.tasks.ner import metrics as ner_metrics
 
 seqeval_metrics = pytest.importorskip("seqeval.metrics")
 

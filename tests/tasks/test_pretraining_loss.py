@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from bert_jax.tasks.pretraining import pretraining_loss, softmax_xent_int
+from bert_jax.tasks.pretraining.loss import pretraining_loss, softmax_xent_int
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -43,9 +43,9 @@ def test_xent_value_and_gradient_equal_optax(dtype):
 def test_mlm_loss_gradient_has_no_vocab_scatter_on_accelerators(plat, scatter, monkeypatch):
     # The platform is what the step compiles for; on CPU optax's autodiff is kept (bit for
     # bit the earlier step), and its scatter shows that the check below can fail.
-    from bert_jax.tasks import pretraining
+    from bert_jax.tasks.pretraining import loss
 
-    monkeypatch.setattr(pretraining, "platform", lambda: plat)
+    monkeypatch.setattr(loss, "platform", lambda: plat)
     b, p, v = 4, 6, 1000
     batch = dict(masked_lm_ids=jnp.zeros((b, p), jnp.int32),
                  masked_lm_weights=jnp.ones((b, p), jnp.float32),

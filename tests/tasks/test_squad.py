@@ -7,9 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.data.task_readers import SquadExample, read_squad_json
+from bert_jax.tasks.squad.reader import SquadExample, read_squad_json
 from bert_jax.data.tokenization import load_tokenizer
-from bert_jax.tasks import squad, squad_features, squad_postprocess
+from bert_jax.tasks import squad
+from bert_jax.tasks.squad import features as squad_features
+from bert_jax.tasks.squad import postprocess as squad_postprocess
 from bert_jax.tasks.base import EvalSet
 
 from tests.tasks.conftest import DATA, VOCAB
@@ -187,7 +189,7 @@ def test_authored_set_oracle_scores_100_and_files(tok, tmp_path, version):
     # Rows handed back in reverse order: the task must re-order them by feature_index.
     kept = {"start_logits": s[::-1], "end_logits": e[::-1],
             "feature_index": f["feature_index"][::-1]}
-    out = task.evaluate(eval_set, kept)
+    out = task.score(eval_set, kept)
     score_key = "exact_match" if version == "1.1" else "exact"
     assert out[score_key] == pytest.approx(100.0) and out["f1"] == pytest.approx(100.0)
     files = task.write_predictions(eval_set, kept, str(tmp_path))

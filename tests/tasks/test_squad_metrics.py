@@ -2,7 +2,7 @@
 
 import pytest
 
-from bert_jax.tasks import squad_metrics as sm
+from bert_jax.tasks.squad import metrics as sm
 
 
 def test_normalization():

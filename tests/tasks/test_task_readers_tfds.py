@@ -10,9 +10,12 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 tfds = pytest.importorskip("tensorflow_datasets")
 
-from bert_jax.data import task_readers as readers  # noqa: E402
-from bert_jax.data.task_readers import (ChoiceExample, NerExample, PairExample,  # noqa: E402
-                                        SquadExample)
+from bert_jax.tasks.choice.reader import ChoiceExample, read_hellaswag_tfds  # noqa: E402
+from bert_jax.tasks.classification import PairExample  # noqa: E402
+from bert_jax.tasks.glue.reader import read_glue  # noqa: E402
+from bert_jax.tasks.ner.reader import NerExample, read_conll_tfds  # noqa: E402
+from bert_jax.tasks.readers import DataError  # noqa: E402
+from bert_jax.tasks.squad.reader import SquadExample, read_squad_tfds  # noqa: E402
 from bert_jax.tasks.choice import ChoiceTask  # noqa: E402
 from bert_jax.tasks.glue import GlueTask  # noqa: E402
 
@@ -63,7 +66,7 @@ def test_glue_mnli_labels_go_through_names(fake_tfds):
         {"premise": "A man plays.", "hypothesis": "Nobody plays.", "label": 2, "idx": 7},
         {"premise": "Rain fell.", "hypothesis": "It rained.", "label": 0, "idx": 8},
         {"premise": "Cats nap.", "hypothesis": "Cats are old.", "label": 1, "idx": 9}]})
-    got = readers.read_glue("mnli", "dev_matched", tfds_data_dir="/data/tfds")
+    got = read_glue("mnli", "dev_matched", tfds_data_dir="/data/tfds")
     assert got == [PairExample("7", "A man plays.", "Nobody plays.", "contradiction"),
                    PairExample("8", "Rain fell.", "It rained.", "entailment"),
                    PairExample("9", "Cats nap.", "Cats are old.", "neutral")]
@@ -88,15 +91,15 @@ def test_glue_binary_regression_single_and_test_splits(fake_tfds):
     fake_tfds("glue/qqp", {"validation": [
         {"question1": "Why?", "question2": "How come?", "label": 0, "idx": 11}]})
     # MRPC: tfds ids are the TSV's Quality column (1 = equivalent), not the names.
-    assert readers.read_glue("mrpc", "train") == [
+    assert read_glue("mrpc", "train") == [
         PairExample("0", "He said so.", "So he said.", "1")]
-    assert readers.read_glue("mrpc", "test") == [
+    assert read_glue("mrpc", "test") == [
         PairExample("41", "Unlabelled \u00e9t\u00e9.", "B", None)]
-    assert readers.read_glue("stsb", "dev") == [PairExample("3", "a", "b", "3.8"),
+    assert read_glue("stsb", "dev") == [PairExample("3", "a", "b", "3.8"),
                                                PairExample("4", "c", "d", "0")]
-    assert readers.read_glue("cola", "train") == [
+    assert read_glue("cola", "train") == [
         PairExample("5", "The book was read.", None, "1")]
-    assert readers.read_glue("qqp", "dev") == [PairExample("11", "Why?", "How come?", "0")]
+    assert read_glue("qqp", "dev") == [PairExample("11", "Why?", "How come?", "0")]
 
 
 def test_squad_v1_and_v2(fake_tfds):
@@ -111,14 +114,14 @@ def test_squad_v1_and_v2(fake_tfds):
         {"id": b"q3", "title": "Verona", "context": context, "question": "Who loves Romeo?",
          "is_impossible": False, "answers": {"text": ["Juliet"], "answer_start": [20]},
          "plausible_answers": {"text": [], "answer_start": []}}]})
-    examples, data = readers.read_squad_tfds("1.1", "dev", tfds_data_dir="/d")
+    examples, data = read_squad_tfds("1.1", "dev", tfds_data_dir="/d")
     assert examples == [SquadExample("q1", "Who loves Juliet?", context,
                                      (("Romeo", 0), ("Romeo", 33)), False, "Verona")]
     assert ("builder", "squad/v1.1", "/d") in calls
     assert ("as_dataset", "squad/v1.1", "validation") in calls
     assert data[0]["paragraphs"][0]["qas"][0]["answers"] == [
         {"text": "Romeo", "answer_start": 0}, {"text": "Romeo", "answer_start": 33}]
-    examples, _ = readers.read_squad_tfds("2.0", "train")
+    examples, _ = read_squad_tfds("2.0", "train")
     assert examples == [
         SquadExample("q2", "Who loves Tybalt?", context, (), True, "Verona"),
         SquadExample("q3", "Who loves Romeo?", context, (("Juliet", 20),), False, "Verona")]
@@ -128,8 +131,8 @@ def test_squad_answer_not_at_its_offset_is_an_error(fake_tfds):
     fake_tfds("squad/v1.1", {"train": [
         {"id": b"bad", "title": "", "context": "abc def", "question": "?",
          "answers": {"text": ["def"], "answer_start": [1]}}]})
-    with pytest.raises(readers.DataError, match=r"tfds squad/v1.1:train.*bad.*'def'"):
-        readers.read_squad_tfds("1.1", "train")
+    with pytest.raises(DataError, match=r"tfds squad/v1.1:train.*bad.*'def'"):
+        read_squad_tfds("1.1", "train")
 
 
 def test_conll2003_tags_by_name(fake_tfds):
@@ -138,7 +141,7 @@ def test_conll2003_tags_by_name(fake_tfds):
          "chunks": [11, 21, 11, 12], "ner": [3, 0, 7, 0]},
         {"tokens": ["Peter", "Blackburn"], "pos": [22, 22], "chunks": [11, 12],
          "ner": [1, 2]}]})
-    assert readers.read_conll_tfds("dev", tfds_data_dir="/t") == [
+    assert read_conll_tfds("dev", tfds_data_dir="/t") == [
         NerExample("0", ("EU", "rejects", "German", "call"), ("B-ORG", "O", "B-MISC", "O")),
         NerExample("1", ("Peter", "Blackburn"), ("B-PER", "I-PER"))]
     assert ("builder", "conll2003", "/t") in calls and ("as_dataset", "conll2003", "dev") in calls
@@ -152,11 +155,11 @@ def test_hellaswag_splits_and_hidden_test_labels(fake_tfds):
                                           "is holding a rubik's cube.", "sits, then stands."],
                             label=0)],
         "test": [dict(row, endings=["a", "b", "c", "d"], label=-1)]})
-    assert readers.read_hellaswag_tfds("dev", tfds_data_dir="/t") == [ChoiceExample(
+    assert read_hellaswag_tfds("dev", tfds_data_dir="/t") == [ChoiceExample(
         "0", "A man is sitting on a roof. He", "",
         ("starts pulling up roofing.", "is ripping level tiles.", "is holding a rubik's cube.",
          "sits, then stands."), 0)]
-    assert readers.read_hellaswag_tfds("test")[0].label is None
+    assert read_hellaswag_tfds("test")[0].label is None
     assert ("builder", "hellaswag", "/t") in calls
     assert ("as_dataset", "hellaswag", "validation") in calls
     # configs/swag.py:hellaswag without files reads tfds (no file needed).
@@ -191,8 +194,8 @@ def test_glue_without_data_dir_downloads_then_says_what_to_set(offline_tfds):
     """No task.data_dir: the data is downloaded through tfds when missing (as users with a
     network expect); when that fails, one line says where to get the files and which flag
     to set, not tfds' own advice."""
-    with pytest.raises(readers.DataError) as e:
-        readers.read_glue("mrpc", "train")
+    with pytest.raises(DataError) as e:
+        read_glue("mrpc", "train")
     assert ("download_and_prepare", "glue/mrpc") in offline_tfds
     message = str(e.value)
     assert "\n" not in message and "tfds glue/mrpc is not in" in message
@@ -202,11 +205,11 @@ def test_glue_without_data_dir_downloads_then_says_what_to_set(offline_tfds):
 
 
 @pytest.mark.parametrize("read, name, flag", [
-    (lambda: readers.read_squad_tfds("2.0", "train"), "squad/v2.0", "--config.task.train_file"),
-    (lambda: readers.read_conll_tfds("dev"), "conll2003", "--config.task.train_file=eng.train"),
-    (lambda: readers.read_hellaswag_tfds("dev"), "hellaswag", "--config.task.dev_file")])
+    (lambda: read_squad_tfds("2.0", "train"), "squad/v2.0", "--config.task.train_file"),
+    (lambda: read_conll_tfds("dev"), "conll2003", "--config.task.train_file=eng.train"),
+    (lambda: read_hellaswag_tfds("dev"), "hellaswag", "--config.task.dev_file")])
 def test_other_tfds_readers_say_what_to_set_when_the_download_fails(offline_tfds, read, name,
                                                                   flag):
-    with pytest.raises(readers.DataError, match=f"tfds {name} is not in .*{flag}"):
+    with pytest.raises(DataError, match=f"tfds {name} is not in .*{flag}"):
         read()
     assert ("download_and_prepare", name) in offline_tfds

@@ -26,13 +26,13 @@ def tiny_config(steps: int = 5, batch_size: int = 8, **sections):
     config.model.nsp = True
     # source="synthetic" for launch/train.py runs; in-process tests pass memory_data.
     config.data = data_config(
-        source="synthetic", batch_size=batch_size, eval_batch_size=batch_size,
-        max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS, vocab_size=VOCAB,
-        cls_id=2, sep_id=3, mask_id=4)
+        source="synthetic", max_seq_length=LENGTH, max_predictions_per_seq=PREDICTIONS,
+        vocab_size=VOCAB, cls_id=2, sep_id=3, mask_id=4)
     add_training_sections(
         config,
         schedule=dict(lr=1e-3, warmup_steps=0, decay="constant"),
-        train=dict(steps=steps, log_every=1, eval_every=-1, deterministic=True),
+        train=dict(batch_size=batch_size, eval_batch_size=batch_size, steps=steps,
+                   log_every=1, eval_every=-1, deterministic=True),
         checkpoint=dict(every=1000, keep=3))
     for name, overrides in sections.items():
         getattr(config, name).update(overrides)
@@ -108,13 +108,13 @@ class MemorySource:
 def memory_data(config, workdir):  # noqa: ARG001  (make_train_data signature)
     import jax
 
-    return MemorySource(int(config.data.batch_size), jax.process_index(), jax.process_count())
+    return MemorySource(int(config.train.batch_size), jax.process_index(), jax.process_count())
 
 
 def memory_eval_data(config, workdir):  # noqa: ARG001
     import jax
 
-    n, pc, pi = int(config.data.eval_batch_size), jax.process_count(), jax.process_index()
+    n, pc, pi = int(config.train.eval_batch_size), jax.process_count(), jax.process_index()
     rows = n // pc
     return [{k: v[pi * rows:(pi + 1) * rows] for k, v in random_batch(7 + i, n).items()}
             for i in range(2)]
@@ -131,19 +131,24 @@ def tiny_state(config=None, seed: int = 0) -> dict:
     from bert_jax.train import state as state_lib
     from bert_jax.train.config import total_steps
 
+    from bert_jax.tasks.pretraining import PretrainingTask
+
     config = tiny_config() if config is None else config
+    task = PretrainingTask(config, "")  # no init_checkpoint: the workdir is not read
     mesh = sharding_lib.make_mesh(config.mesh)
     rules = sharding_lib.rules_from_config(config.mesh)
-    model = state_lib.create_model(config)
+    model = task.model
     tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
     schedule = optim.make_schedule(config.schedule, total_steps(config))
-    abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, LENGTH, PREDICTIONS)
+    abstract, shardings = state_lib.state_shardings(
+        model, tx, mesh, rules, state_lib.dummy_inputs(LENGTH, PREDICTIONS))
 
     def fresh():
-        return state_lib.init_state(model, tx, mesh, rules, jax.random.key(seed), LENGTH,
-                                    PREDICTIONS, shardings)
-    return dict(config=config, mesh=mesh, rules=rules, model=model, tx=tx, schedule=schedule,
-                abstract=abstract, shardings=shardings, fresh=fresh, state=fresh())
+        return state_lib.init_state(model, tx, mesh, rules, jax.random.key(seed),
+                                    state_lib.dummy_inputs(LENGTH, PREDICTIONS), shardings)
+    return dict(config=config, task=task, mesh=mesh, rules=rules, model=model, tx=tx,
+                schedule=schedule, abstract=abstract, shardings=shardings, fresh=fresh,
+                state=fresh())
 
 
 def sigterm_when_logged(cmd, env, log, lines: int = 3, timeout: float = 300, cwd=None) -> str:
@@ -165,3 +170,40 @@ def sigterm_when_logged(cmd, env, log, lines: int = 3, timeout: float = 300, cwd
     stdout, stderr = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, stderr[-3000:]
     return stdout
+
+
+def traced_steps(profile_dir) -> list[int]:
+    """The step numbers marked in the one jax.profiler trace under `profile_dir`."""
+    import jax
+
+    traces = list(profile_dir.glob("plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1, traces
+    data = jax.profiler.ProfileData.from_file(str(traces[0]))
+    return sorted(int(dict(e.stats)["step_num"]) for plane in data.planes
+                  for line in plane.lines for e in line.events if e.name == "train")
+
+
+def launch_processes(worker: str, args, env: dict, cwd, timeout: float = 240,
+                     processes: int = 2) -> list[tuple[int, str, str]]:
+    """Runs `worker i address *args` for i = 0 .. processes - 1 at once (jax.distributed
+    on a free localhost port): [(exit code, stdout, stderr)]; an AssertionError if one hangs."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        address = f"localhost:{s.getsockname()[1]}"
+    procs = [subprocess.Popen([sys.executable, worker, str(i), address, *map(str, args)],
+                              cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for i in range(processes)]
+    out = []
+    for p in procs:
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise AssertionError("a process hung (the failure did not reach every process)")
+        out.append((p.returncode, stdout, stderr))
+    return out

@@ -27,13 +27,13 @@ def read_losses(workdir) -> dict[int, float]:
 @pytest.fixture(scope="session")
 def reference_losses(tmp_path_factory) -> list[float]:
     """Losses of 5 steps of the tiny config on this process's single CPU device."""
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
     from tests.train.common import memory_data, tiny_config
 
     workdir = tmp_path_factory.mktemp("reference")
     config = tiny_config(steps=5)
     config.train.tensorboard = False
-    loop.train(config, str(workdir), make_train_data=memory_data,
+    pretraining.run(config, str(workdir), make_train_data=memory_data,
                make_eval_data=lambda c, w: None)
     losses = read_losses(workdir)
     return [losses[i] for i in range(1, 6)]

@@ -37,11 +37,11 @@ class FullDiskAfter10(MemorySource):
 
 
 def main(workdir: str) -> None:
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
 
     config = tiny_config(steps=40, checkpoint=dict(every=10, keep=5))
     config.train.tensorboard = False
-    loop.train(config, workdir, make_train_data=lambda c, w: FullDiskAfter10(8, w),
+    pretraining.run(config, workdir, make_train_data=lambda c, w: FullDiskAfter10(8, w),
                make_eval_data=lambda c, w: None)
 
 

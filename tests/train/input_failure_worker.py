@@ -15,14 +15,14 @@ def main(process_id: int, address: str, workdir: str, pattern: str, steps: int) 
 
     runtime.initialize("auto", address, 2, process_id)
     from bert_jax.errors import ReportedError
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
     from tests.data.test_corrupt_midrun import _config
 
     config = _config(pattern, steps)
     config.mesh.update(dict(data=-1, fsdp=1, tensor=1))
     config.train.log_every = 1
     try:
-        loop.train(config, workdir, make_eval_data=lambda c, w: None)
+        pretraining.run(config, workdir, make_eval_data=lambda c, w: None)
     except ReportedError as e:
         print(f"error {type(e).__name__}: {e}", flush=True)
         return 3

@@ -42,7 +42,8 @@ def main(process_id: int, num_processes: int, address: str, workdir: str, steps:
     from bert_jax import optim
     from bert_jax import sharding as sharding_lib
     from bert_jax.train import checkpoint as ckpt_lib
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
+    from bert_jax.tasks.pretraining import PretrainingTask
     from bert_jax.train import state as state_lib
     from bert_jax.train.config import total_steps
     from tests.train.common import memory_data, tiny_config
@@ -53,9 +54,10 @@ def main(process_id: int, num_processes: int, address: str, workdir: str, steps:
     config.train.tensorboard = False
     mesh = sharding_lib.make_mesh(config.mesh)
     rules = sharding_lib.rules_from_config(config.mesh)
-    model = state_lib.create_model(config)
+    model = PretrainingTask(config, "").model
     tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
-    abstract, _ = state_lib.state_shardings(model, tx, mesh, rules, 16, 4)
+    abstract, _ = state_lib.state_shardings(model, tx, mesh, rules,
+                                                    state_lib.dummy_inputs(16, 4))
     rep = sharding_lib.replicated(mesh)
     dump = os.path.join(workdir, "dump.npz")
     result = {"devices": jax.device_count(), "processes": jax.process_count()}
@@ -74,7 +76,7 @@ def main(process_id: int, num_processes: int, address: str, workdir: str, steps:
             next_batch=source.index)
     ckpt.close()
 
-    loop.train(config, workdir, make_train_data=memory_data, make_eval_data=lambda c, w: None)
+    pretraining.run(config, workdir, make_train_data=memory_data, make_eval_data=lambda c, w: None)
 
     ckpt = ckpt_lib.Checkpointer(workdir, every=1)
     leaves = _host_state(ckpt, abstract, rep)

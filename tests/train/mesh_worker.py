@@ -20,7 +20,8 @@ def main(workdir: str) -> None:
     from bert_jax import optim
     from bert_jax import sharding as sharding_lib
     from bert_jax.train import checkpoint as ckpt_lib
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
+    from bert_jax.tasks.pretraining import PretrainingTask
     from bert_jax.train import state as state_lib
     from bert_jax.train.config import total_steps
     from tests.train.common import memory_data, tiny_config
@@ -32,7 +33,7 @@ def main(workdir: str) -> None:
     for name, mesh in meshes.items():
         config = tiny_config(steps=5, mesh=mesh, checkpoint=dict(every=5))
         config.train.tensorboard = False
-        loop.train(config, os.path.join(workdir, name), make_train_data=memory_data,
+        pretraining.run(config, os.path.join(workdir, name), make_train_data=memory_data,
                    make_eval_data=lambda c, w: None)
         with open(os.path.join(workdir, name, "metrics.jsonl")) as f:
             out["losses"][name] = [json.loads(line)["train/loss"] for line in f]
@@ -40,7 +41,7 @@ def main(workdir: str) -> None:
     # The data=8 checkpoint of step 5, restored onto other meshes.
     config = tiny_config(steps=5)
     saved = ckpt_lib.Checkpointer(os.path.join(workdir, "data8"), every=1)
-    model = state_lib.create_model(config)
+    model = PretrainingTask(config, "").model
     tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config))
     reference = None
     targets = {"data2_fsdp4": (dict(data=2, fsdp=4, tensor=1), jax.devices()),
@@ -49,7 +50,8 @@ def main(workdir: str) -> None:
     for name, (mesh_cfg, devices) in targets.items():
         mesh = sharding_lib.make_mesh(ml_collections.ConfigDict(mesh_cfg), devices)
         rules = sharding_lib.rules_from_config(None)
-        abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules, 16, 4)
+        abstract, shardings = state_lib.state_shardings(model, tx, mesh, rules,
+                                                    state_lib.dummy_inputs(16, 4))
         state, rng, _ = saved.restore(abstract, rng_sharding=sharding_lib.replicated(mesh))
         host = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
         if reference is None:

@@ -17,13 +17,13 @@ def main(process_id: int, num_processes: int, address: str, workdir: str) -> Non
     runtime.initialize("auto", address, num_processes, process_id)
     import jax
 
-    from bert_jax.train import loop
+    from bert_jax.tasks import pretraining
     from tests.train.common import memory_data, tiny_config
 
     assert jax.process_count() == num_processes and jax.device_count() == 2 * num_processes
     config = tiny_config(steps=5, mesh=dict(data=-1, fsdp=1, tensor=1), checkpoint=dict(every=5))
     config.train.tensorboard = False
-    loop.train(config, workdir, make_train_data=memory_data, make_eval_data=lambda c, w: None)
+    pretraining.run(config, workdir, make_train_data=memory_data, make_eval_data=lambda c, w: None)
     print(f"process {process_id} done", flush=True)
 
 

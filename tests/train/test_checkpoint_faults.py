@@ -21,8 +21,12 @@ import orbax.checkpoint as ocp
 import pytest
 
 from bert_jax.errors import FaultError, UserError
+from bert_jax.convert import sources as runs_lib
 from bert_jax.train import checkpoint as ckpt_lib
+from bert_jax.tasks import pretraining
 from bert_jax.train import loop
+from bert_jax.models.config import from_config_dict
+from bert_jax.tasks.pretraining import PretrainingTask
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train.checkpoint_faults import CheckpointSaveError
@@ -31,7 +35,7 @@ from tests.train.common import MemorySource, memory_data, tiny_config
 pytestmark = pytest.mark.filterwarnings("ignore:Sharding info not provided")
 
 
-def stand_in_step(model, tx, schedule, shardings, batch_sharding, rules, **_):
+def stand_in_step(task, tx, schedule, shardings, batch_sharding, rules, **_):
     """A jitted (state, batch, rng) -> (state, metrics) with the train step's signature:
     params move by an amount set by the batch, the step and the step's RNG; every
     optimizer-state leaf counts up. Loss: a digest of the new params."""
@@ -58,7 +62,7 @@ def stand_in(monkeypatch):
 
 
 def _train(config, workdir, data=memory_data):
-    return loop.train(config, str(workdir), make_train_data=data,
+    return pretraining.run(config, str(workdir), make_train_data=data,
                       make_eval_data=lambda c, w: None)
 
 
@@ -202,7 +206,7 @@ def _no_tensor_reads(monkeypatch):
         raise AssertionError("a tensor was read (or the model built) before the check")
     for owner, name in ((ckpt_lib.Checkpointer, "restore"),
                         (ckpt_lib.Checkpointer, "restore_params"),
-                        (ckpt_lib.SavedRun, "read_params"), (model_dir, "load_model_dir"),
+                        (runs_lib.SavedRun, "read_params"), (model_dir, "load_model_dir"),
                         (hf_files, "read_hf_dir"), (state_lib, "init_state")):
         monkeypatch.setattr(owner, name, read)
 
@@ -220,7 +224,7 @@ def test_warm_start_of_another_size_fails_before_any_tensor_is_read(
     from bert_jax.train.warm_start import ArchitectureError
 
     tiny = load_config("configs/bert_tiny.py")
-    model = state_lib.create_model(tiny)
+    model = PretrainingTask(tiny, "").model
     shapes = flax.linen.meta.unbox(jax.eval_shape(
         lambda: model.init(jax.random.key(0), **state_lib.dummy_inputs(8, 2))["params"]))
     params = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
@@ -234,9 +238,9 @@ def test_warm_start_of_another_size_fails_before_any_tensor_is_read(
         saver.close()
         path = path / "checkpoints" / "5" if source == "step" else path
     elif source == "model_dir":
-        save_model_dir(str(path), params, state_lib.model_config(tiny))
+        save_model_dir(str(path), params, from_config_dict(tiny.model))
     else:
-        write_hf_dir(str(path), params, state_lib.model_config(tiny))
+        write_hf_dir(str(path), params, from_config_dict(tiny.model))
 
     base = load_config("configs/bert_base.py", {"train.init_checkpoint": str(path)})
     _no_tensor_reads(monkeypatch)
@@ -244,7 +248,7 @@ def test_warm_start_of_another_size_fails_before_any_tensor_is_read(
     def data(config, workdir):
         raise AssertionError("the training data were read before the check")
     with pytest.raises(ArchitectureError) as err:
-        loop.train(base, str(tmp_path / "run"), make_train_data=data)
+        pretraining.run(base, str(tmp_path / "run"), make_train_data=data)
     msg = str(err.value)
     assert isinstance(err.value, UserError) and err.value.exit_code == 2 and "\n" not in msg
     assert msg.startswith(f"config.train.init_checkpoint={path}: architecture differs from "

@@ -26,14 +26,14 @@ LOGGER = "bert_jax.data.state"
 
 
 def _synthetic_cfg(**kw):
-    base = dict(source="synthetic", batch_size=8, max_seq_length=16,
+    base = dict(source="synthetic", max_seq_length=16,
                 max_predictions_per_seq=3, vocab_size=64, seed=3)
     base.update(kw)
     return pretrain.data_config(**base)
 
 
 def _iterator(index, count, **kw):
-    return pretrain.train_iterator(_synthetic_cfg(**kw), process_index=index,
+    return pretrain.train_iterator(_synthetic_cfg(**kw), 8, process_index=index,
                                    process_count=count)
 
 
@@ -211,18 +211,18 @@ def test_tfrecord_streams_seek_across_layouts(tmp_path):
 
     fixtures.write_files(tmp_path, 4, 20, seq=32, preds=5)
     cfg = pretrain.data_config(train_files=str(tmp_path / "*.tfrecord"), max_seq_length=32,
-                               max_predictions_per_seq=5, batch_size=8, shuffle_buffer=16,
+                               max_predictions_per_seq=5, shuffle_buffer=16,
                                vocab_size=fixtures.VOCAB_SIZE)
     saved = tmp_path / "data"
     for i in range(2):
-        it = pretrain.train_iterator(cfg, process_index=i, process_count=2)
+        it = pretrain.train_iterator(cfg, 8, process_index=i, process_count=2)
         for _ in range(3):
             next(it)
         state_lib.save_state(state_lib.state_file(saved, i, 2), it.get_state())
-    it = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     out = state_lib.restore_input(saved, it, process_index=0, process_count=1)
     assert out.position == 3 and it.batches == 3
-    fresh = pretrain.train_iterator(cfg, process_index=0, process_count=1)
+    fresh = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     expected = [next(fresh) for _ in range(5)][3:]
     for want in expected:
         _same(next(it), want)

@@ -7,9 +7,6 @@ fails the check before compiling, on one process only, stops both there
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
@@ -17,30 +14,15 @@ import pytest
 
 from tests.data import fixtures
 from tests.data.test_corrupt_midrun import _cut_last_record
-from tests.train.common import LENGTH, PREDICTIONS
+from tests.train.common import LENGTH, PREDICTIONS, launch_processes
 from tests.train.conftest import REPO, read_losses, subprocess_env
 
 WORKER = str(REPO / "tests/train/input_failure_worker.py")
 
 
 def _launch(workdir, pattern, steps) -> list[tuple[int, str]]:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        address = f"localhost:{s.getsockname()[1]}"
-    procs = [subprocess.Popen([sys.executable, WORKER, str(i), address, str(workdir), pattern,
-                               str(steps)], cwd=REPO, env=subprocess_env(devices=1),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for i in range(2)]
-    out = []
-    for p in procs:
-        try:
-            text, _ = p.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise AssertionError("a process hung (the input failure did not reach both)")
-        out.append((p.returncode, text))
-    return out
+    return [(rc, out + err) for rc, out, err in launch_processes(
+        WORKER, (workdir, pattern, steps), subprocess_env(devices=1), REPO)]
 
 
 @pytest.mark.slow  # three launches of two processes: ~100 s on a quiet machine

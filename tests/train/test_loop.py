@@ -12,15 +12,18 @@ import numpy as np
 import pytest
 
 from bert_jax.convert.model_dir import save_model_dir
+from bert_jax.convert.sources import open_source
+from bert_jax.models.config import from_config_dict
 from bert_jax.data import device as data_device
 from bert_jax.data.checks import DataCheckError
-from bert_jax.tasks.pretraining import pretraining_loss
+from bert_jax.tasks.pretraining.loss import pretraining_loss
+from bert_jax.tasks import pretraining
 from bert_jax.train import loop
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
 from tests.train.common import (MemorySource, memory_data, memory_eval_data, random_batch,
-                                tiny_config, tiny_state)
+                                tiny_config, tiny_state, traced_steps)
 
 
 class NaNAtStep3(MemorySource):
@@ -36,7 +39,7 @@ def test_skip_nonfinite_logs_and_continues(tmp_path):
     config = tiny_config(steps=5)
     config.train.skip_nonfinite = True
     config.train.tensorboard = False
-    summary = loop.train(config, str(tmp_path), make_train_data=lambda c, w: NaNAtStep3(8),
+    summary = pretraining.run(config, str(tmp_path), make_train_data=lambda c, w: NaNAtStep3(8),
                          make_eval_data=lambda c, w: None)
     assert summary["step"] == 5 and summary["nonfinite_skipped"] == 1
     # The run's summary records the attention path of its steps (XLA on CPU under auto).
@@ -71,7 +74,7 @@ def test_nonfinite_stop_saves_nothing_from_that_step(tmp_path):
     config.train.tensorboard = False
     config.train.log_every = 10   # no log step before 10: the save itself reads the flag
     with pytest.raises(loop.NonFiniteError, match="at step 3 .*stopped before saving"):
-        loop.train(config, str(tmp_path), make_train_data=lambda c, w: NaNAtStep3(8),
+        pretraining.run(config, str(tmp_path), make_train_data=lambda c, w: NaNAtStep3(8),
                    make_eval_data=lambda c, w: None)
     ckpt = tmp_path / "checkpoints"
     assert sorted(int(p.name) for p in ckpt.iterdir() if p.name.isdigit()) == [1, 2]
@@ -96,7 +99,7 @@ def test_running_a_finished_run_again_reports_its_eval_without_a_second_row(tmp_
     back from metrics.jsonl, not appended again. A run stopped after its last checkpoint
     but before that evaluation still gets it."""
     config = tiny_config(steps=3, train=dict(eval_every=0, tensorboard=False))
-    run = lambda: loop.train(config, str(tmp_path), make_train_data=memory_data,  # noqa: E731
+    run = lambda: pretraining.run(config, str(tmp_path), make_train_data=memory_data,  # noqa: E731
                              make_eval_data=memory_eval_data)
     first = run()
     path = tmp_path / "metrics.jsonl"
@@ -118,12 +121,14 @@ def tiny():
 
 def test_evaluate_is_exact_over_batches_and_ignores_filler(tiny):
     bsh = data_device.batch_sharding(tiny["mesh"], tiny["rules"])
-    eval_fn = step_lib.jit_eval_step(tiny["model"], tiny["shardings"].params, bsh, tiny["rules"])
+    eval_fn = step_lib.jit_eval_step(tiny["task"], tiny["shardings"].params, bsh, tiny["rules"])
     batches = [random_batch(20 + i, 8) for i in range(3)]
     for b in batches:
         b["example_weights"] = np.ones(8, np.float32)
     batches[-1]["example_weights"][5:] = 0.0       # the padded tail of the eval set
-    out = loop.evaluate(eval_fn, tiny["state"].params, iter(batches), bsh)
+    out = pretraining.evaluate(
+        lambda b: jax.device_get(eval_fn(tiny["state"].params, data_device.to_global(b, bsh))),
+        iter(batches))
 
     real = {k: np.concatenate([b[k] if i < 2 else b[k][:5] for i, b in enumerate(batches)])
             for k in batches[0] if k != "example_weights"}
@@ -142,7 +147,7 @@ def test_evaluate_is_exact_over_batches_and_ignores_filler(tiny):
 
 
 def test_warm_start_from_a_model_dir(tiny, tmp_path):
-    model_cfg = state_lib.model_config(tiny["config"])
+    model_cfg = from_config_dict(tiny["config"].model)
     other = tiny["model"].init(jax.random.key(42), **state_lib.dummy_inputs(16, 4))["params"]
     other = jax.tree_util.tree_map(np.asarray, flax.linen.meta.unbox(other))
     saved = {"bert": other["bert"], "mlm": other["mlm"]}   # no NSP head: stays fresh
@@ -150,7 +155,9 @@ def test_warm_start_from_a_model_dir(tiny, tmp_path):
     config = tiny_config()
     config.train.init_checkpoint = str(tmp_path / "model")
     fresh = jax.tree_util.tree_map(np.asarray, jax.device_get(tiny["state"]))
-    state, _ = warm_start.warm_start(config, tiny["state"], None, tiny["abstract"],
+    source = pretraining.PretrainingTask(config, str(tmp_path / "run")).init_source
+    warm_start.check_shapes(source, tiny["abstract"].params, None)
+    state, _ = warm_start.warm_start(source, tiny["state"], None, tiny["abstract"],
                                      tiny["shardings"], tiny["tx"], None)
     got = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
     for a, b in zip(jax.tree_util.tree_leaves(got.params["bert"]),
@@ -164,9 +171,8 @@ def test_warm_start_from_a_model_dir(tiny, tmp_path):
 
     config.model.hidden_size = 64
     config.model.intermediate_size = 128
-    with pytest.raises(ValueError, match="hidden_size"):
-        warm_start.warm_start(config, tiny["state"], None, tiny["abstract"], tiny["shardings"],
-                              tiny["tx"], None)
+    with pytest.raises(warm_start.ArchitectureError, match="hidden_size"):
+        pretraining.PretrainingTask(config, str(tmp_path / "run"))
 
 
 def _write_records(path, length, predictions, max_id):
@@ -208,7 +214,7 @@ def test_bad_records_fail_before_compile(case, tmp_path, monkeypatch):
     monkeypatch.setattr(state_lib, "init_state", compiled)
     monkeypatch.setattr(step_lib, "jit_train_step", compiled)
     with pytest.raises(DataCheckError) as err:
-        loop.train(config, str(tmp_path / "run"))
+        pretraining.run(config, str(tmp_path / "run"))
     msg = str(err.value)
     assert str(path) in msg
     if case == "length":
@@ -234,20 +240,17 @@ def test_warm_start_from_a_run_params_or_full_state(tiny, tmp_path):
     saver.close()
     expected = jax.tree_util.tree_map(np.asarray, jax.device_get(moved))
 
-    config = tiny_config()
-    config.train.init_checkpoint = str(tmp_path / "phase1")
-    config.train.init_state = "full"
+    source = open_source(str(tmp_path / "phase1"))
     fresh = tiny["state"]
-    state, new_rng = warm_start.warm_start(config, fresh, jax.random.key(0), tiny["abstract"],
-                                           tiny["shardings"], tiny["tx"], None)
+    state, new_rng = warm_start.warm_start(source, fresh, jax.random.key(0), tiny["abstract"],
+                                           tiny["shardings"], tiny["tx"], None, full=True)
     got = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
     assert int(got.step) == 7
     for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(expected)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(jax.random.key_data(new_rng), jax.random.key_data(rng))
 
-    config.train.init_state = "params"
-    state, _ = warm_start.warm_start(config, fresh, None, tiny["abstract"], tiny["shardings"],
+    state, _ = warm_start.warm_start(source, fresh, None, tiny["abstract"], tiny["shardings"],
                                      tiny["tx"], None)
     got = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
     assert int(got.step) == 0
@@ -276,25 +279,22 @@ def test_warm_start_from_a_chosen_step(tiny, tmp_path):
     saver.wait()
     saver.close()
 
-    config = tiny_config()
     for path, want in (("phase1", 9), ("phase1/checkpoints", 9), ("phase1/checkpoints/7", 7)):
-        config.train.init_checkpoint = str(tmp_path / path)
+        source = open_source(str(tmp_path / path))
         for mode in ("full", "params"):
-            config.train.init_state = mode
-            state, _ = warm_start.warm_start(config, tiny["state"], jax.random.key(0),
+            state, _ = warm_start.warm_start(source, tiny["state"], jax.random.key(0),
                                              tiny["abstract"], tiny["shardings"], tiny["tx"],
-                                             None)
+                                             None, full=mode == "full")
             got = jax.tree_util.tree_map(np.asarray, jax.device_get(state))
             assert int(got.step) == (want if mode == "full" else 0), (path, mode)
             for a, b in zip(jax.tree_util.tree_leaves(got.params),
                             jax.tree_util.tree_leaves(saved[want])):
                 np.testing.assert_array_equal(a, b, err_msg=f"{path} {mode}")
-    config.train.init_checkpoint = str(tmp_path / "phase1" / "checkpoints" / "8")
-    os.makedirs(config.train.init_checkpoint)  # a directory, but not a saved step
+    missing = str(tmp_path / "phase1" / "checkpoints" / "8")
+    os.makedirs(missing)  # a directory, but not a saved step
     with pytest.raises(FileNotFoundError, match=r"no checkpoint at step 8 in .*phase1/"
                                                 r"checkpoints; saved steps: \[7, 9\]"):
-        warm_start.warm_start(config, tiny["state"], jax.random.key(0), tiny["abstract"],
-                              tiny["shardings"], tiny["tx"], None)
+        open_source(missing)
 
 
 def test_profile_traces_the_configured_steps(tmp_path, capsys):
@@ -303,14 +303,9 @@ def test_profile_traces_the_configured_steps(tmp_path, capsys):
     config = tiny_config(steps=4)
     config.train.tensorboard = False
     config.train.profile_start, config.train.profile_steps = 1, 2
-    loop.train(config, str(tmp_path), make_train_data=lambda c, w: MemorySource(8),
-               make_eval_data=lambda c, w: None)
-    traces = list((tmp_path / "profile").glob("plugins/profile/*/*.xplane.pb"))
-    assert len(traces) == 1, traces
-    data = jax.profiler.ProfileData.from_file(str(traces[0]))
-    steps = sorted(int(dict(e.stats)["step_num"]) for plane in data.planes
-                   for line in plane.lines for e in line.events if e.name == "train")
-    assert steps == [2, 3]
+    pretraining.run(config, str(tmp_path), make_train_data=lambda c, w: MemorySource(8),
+                    make_eval_data=lambda c, w: None)
+    assert traced_steps(tmp_path / "profile") == [2, 3]
     assert "profile of steps 2..3 in" in capsys.readouterr().out
 
 
@@ -324,4 +319,4 @@ def test_attention_that_cannot_run_here_fails_before_any_data_or_compile(tmp_pat
         raise AssertionError("the data was read before the attention check")
 
     with pytest.raises(AttentionConfigError, match="model.attention=cudnn needs a GPU"):
-        loop.train(config, str(tmp_path), make_train_data=no_data, make_eval_data=no_data)
+        pretraining.run(config, str(tmp_path), make_train_data=no_data, make_eval_data=no_data)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax import optim
+from bert_jax.tasks.pretraining import PretrainingTask
 from bert_jax.train import state as state_lib
 from tests.train.common import tiny_config
 
@@ -21,7 +22,7 @@ def _flat(tree):
 
 def test_decay_mask_on_the_pretraining_tree():
     config = tiny_config()
-    model = state_lib.create_model(config)
+    model = PretrainingTask(config, "").model
     params = jax.eval_shape(lambda: model.init(jax.random.key(0),
                                                **state_lib.dummy_inputs(16, 4))["params"])
     mask = _flat(optim.decay_mask(params))

@@ -6,10 +6,13 @@ from __future__ import annotations
 import flax
 import jax
 import numpy as np
+import optax
 import pytest
 
 from bert_jax.data import device as data_device
-from bert_jax.tasks.pretraining import pretraining_loss
+from bert_jax.tasks.pretraining.loss import pretraining_loss
+from bert_jax.models.config import from_config_dict
+from bert_jax.tasks.pretraining import PretrainingTask
 from bert_jax.train import state as state_lib
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import step as step_lib
@@ -23,7 +26,7 @@ def setup():
     bsh = data_device.batch_sharding(t["mesh"], t["rules"])
 
     def step_fn(accum, keep_state_on_nonfinite=True):
-        return step_lib.jit_train_step(t["model"], t["tx"], t["schedule"], t["shardings"], bsh,
+        return step_lib.jit_train_step(t["task"], t["tx"], t["schedule"], t["shardings"], bsh,
                                        t["rules"], accum_steps=accum, deterministic=True,
                                        keep_state_on_nonfinite=keep_state_on_nonfinite)
     return dict(model=t["model"], fresh=t["fresh"], step_fn=step_fn, one=step_fn(1))
@@ -76,7 +79,19 @@ def test_four_micro_batches_equal_one_batch(setup):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_non_finite_step_leaves_the_state_unchanged(setup):
+def _schedule_counts(opt_state) -> list[int]:
+    return [int(s.count) for s in jax.tree_util.tree_leaves(
+        opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState))
+        if isinstance(s, optax.ScaleByScheduleState)]
+
+
+def _without_schedule(opt_state):
+    return jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda s: None if isinstance(s, optax.ScaleByScheduleState) else s, opt_state,
+        is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState)))
+
+
+def test_non_finite_step_leaves_params_and_moments_unchanged(setup):
     state = setup["fresh"]()
     before = _host(state)
     batch = random_batch(4, 8)
@@ -84,9 +99,48 @@ def test_non_finite_step_leaves_the_state_unchanged(setup):
     state, metrics = setup["one"](state, batch, jax.random.key(1))
     assert float(metrics["train/nonfinite"]) == 1.0
     after = _host(state)
-    assert int(after.step) == 1
-    for a, b in zip(jax.tree_util.tree_leaves((after.params, after.opt_state)),
-                    jax.tree_util.tree_leaves((before.params, before.opt_state))):
+    # The step and the schedule move on (the lr follows the step); nothing else does.
+    assert int(after.step) == 1 and _schedule_counts(after.opt_state) == [1]
+    for a, b in zip(jax.tree_util.tree_leaves(after.params) + _without_schedule(after.opt_state),
+                    jax.tree_util.tree_leaves(before.params)
+                    + _without_schedule(before.opt_state)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_skipped_step_keeps_the_logged_and_the_applied_lr_equal():
+    """train.skip_nonfinite under a warmup: steps 1 and 3 train, step 2 is skipped. Step 3
+    logs schedule(2) and applies it: its update is the one a run whose schedule stands at 2
+    computes from step 1's state (before, the schedule's count stayed at 1 after the skip,
+    so step 3 logged schedule(2) but applied schedule(1), and the schedule never reached
+    its end)."""
+    t = tiny_state(tiny_config(schedule=dict(lr=1e-3, warmup_steps=4, decay="linear")))
+    bsh = data_device.batch_sharding(t["mesh"], t["rules"])
+    fn = step_lib.jit_train_step(t["task"], t["tx"], t["schedule"], t["shardings"], bsh,
+                                 t["rules"], deterministic=True, keep_state_on_nonfinite=True)
+    rng = jax.random.key(1)
+    bad = random_batch(2, 8)
+    bad["masked_lm_weights"][0, 0] = np.nan
+    state, _ = fn(t["fresh"](), random_batch(1, 8), rng)
+    after_1 = _host(state)
+    state, m2 = fn(state, bad, rng)
+    state, m3 = fn(state, random_batch(3, 8), rng)
+    assert float(m2["train/nonfinite"]) == 1.0 and float(m3["train/nonfinite"]) == 0.0
+    got = _host(state)
+    assert int(got.step) == 3 and _schedule_counts(got.opt_state) == [3]
+    assert float(m3["train/lr"]) == pytest.approx(float(t["schedule"](2)), rel=1e-7)
+    assert float(t["schedule"](2)) != float(t["schedule"](1))
+
+    def at_schedule_2(s):
+        return s._replace(count=np.asarray(2, s.count.dtype)) if isinstance(
+            s, optax.ScaleByScheduleState) else s
+
+    reference = after_1.replace(step=np.asarray(2, after_1.step.dtype), opt_state=jax.tree_util.tree_map(
+        at_schedule_2, after_1.opt_state,
+        is_leaf=lambda x: isinstance(x, optax.ScaleByScheduleState)))
+    reference = jax.device_put(reference, t["shardings"])
+    want, _ = fn(reference, random_batch(3, 8), rng)
+    for a, b in zip(jax.tree_util.tree_leaves(got.params),
+                    jax.tree_util.tree_leaves(_host(want).params)):
         np.testing.assert_array_equal(a, b)
 
 
@@ -136,7 +190,7 @@ def test_dropout_key_depends_on_the_step():
     config = tiny_config()
     with config.unlocked():
         config.model.hidden_dropout_prob = 0.5
-    model = state_lib.create_model(config)
+    model = PretrainingTask(config, "").model
     batch = random_batch(5, 8)
     params = model.init(jax.random.key(0), **state_lib.dummy_inputs(16, 4))["params"]
     params = flax.linen.meta.unbox(params)
@@ -186,7 +240,7 @@ def test_a_packed_batch_gives_the_unpacked_losses_through_the_train_step(setup):
     for key, value in real.items():  # the same real work, whatever the rows
         assert got[key] == want[key] == value, key
 
-    config = state_lib.model_config(tiny_config())
+    config = from_config_dict(tiny_config().model)
     perf = {name: metrics_lib.real_token_metrics(
         stats, rows=rows, seq_len=length, config=config, step_time=0.5,
         peak_per_device=1e12) for name, stats, rows, length in (
@@ -206,7 +260,7 @@ def test_a_packed_batch_gives_the_unpacked_losses_through_the_train_step(setup):
 
 def test_real_model_flops_by_hand():
     """H 32, I 64, 2 layers, vocab 128: one sequence of 10 tokens with 2 predictions."""
-    config = state_lib.model_config(tiny_config())
+    config = from_config_dict(tiny_config().model)
     h, i, v = 32, 64, 128
     layer = 10 * (2 * h * 3 * h + 2 * h * h + 4 * h * i) + 4 * 100 * h
     forward = 2 * layer + 2 * h * h + 2 * (2 * h * h + 2 * h * v) + 4 * h

@@ -12,7 +12,7 @@ import pytest
 
 from bert_jax.data.checks import DataCheckError
 from bert_jax.data.tokenization import load_tokenizer
-from bert_jax.train import data as data_lib
+from bert_jax.tasks.pretraining import data as data_lib
 from tests.conftest import REPO
 from tests.train.common import text_config
 
@@ -118,15 +118,15 @@ def test_text_files_with_pack_train_on_packed_rows_and_evaluate_unpacked(tmp_pat
 def test_the_run_trains_and_records_its_vocabulary(tmp_path):
     """Through the loop: the saved config names the text's TFRecords and the vocabulary, so
     `convert from-workdir` can carry it."""
-    from bert_jax.convert import model_dir
-    from bert_jax.train import loop
+    from bert_jax.convert import sources
+    from bert_jax.tasks import pretraining
 
     (tmp_path / "t.txt").write_text("\n\n".join(_documents(25)) + "\n", encoding="utf-8")
     config = text_config(str(tmp_path / "t.txt"))
     config.train.steps, config.train.tensorboard, config.train.eval_every = 2, False, 0
-    summary = loop.train(config, str(tmp_path / "run"))
+    summary = pretraining.run(config, str(tmp_path / "run"))
     assert summary["step"] == 2 and np.isfinite(summary["eval/loss"])
-    _, _, vocab = model_dir.load_model(str(tmp_path / "run"))
+    vocab = sources.open_source(str(tmp_path / "run")).vocab
     assert vocab == data_lib.SAMPLE_VOCAB
 
 

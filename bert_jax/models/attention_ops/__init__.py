@@ -35,28 +35,14 @@ from __future__ import annotations
 import jax
 
 from bert_jax.errors import UserError
+from bert_jax.models.attention_ops import cudnn, pallas_flash, splash_tpu
+from bert_jax.models.attention_ops.backend import platform
 
 IMPLS = ("auto", "xla", "cudnn", "pallas")
 
 
 class AttentionConfigError(UserError, ValueError):
     """model.attention cannot run this call (platform, dtype or dropout)."""
-
-
-def platform() -> str:
-    """The platform the current trace compiles for: the mesh's devices when a mesh is set
-    (so a GPU compile target on a CPU host counts as GPU), else jax's default backend.
-    "cuda" and "rocm" are reported as "gpu"."""
-    mesh = jax.sharding.get_abstract_mesh()
-    name = None
-    if not mesh.empty and mesh.abstract_device is not None:
-        name = mesh.abstract_device.platform
-    return platform_name(name or jax.default_backend())
-
-
-def platform_name(name: str) -> str:
-    """A device's platform as the dispatch names it: "cuda" and "rocm" are "gpu"."""
-    return "gpu" if name in ("cuda", "rocm", "gpu") else name
 
 
 def describe(config, plat: str, deterministic_training: bool = False,
@@ -146,12 +132,9 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
 
     def local(q, k, v, kv_mask, seeds, batch_axes, head_axes):
         if impl == "cudnn":
-            from bert_jax.models.attention_ops import cudnn
             return cudnn.attention(q, k, v, kv_mask)
         if platform() == "tpu":
-            from bert_jax.models.attention_ops import splash_tpu
             return splash_tpu.attention(q, k, v, kv_mask)
-        from bert_jax.models.attention_ops import pallas_flash
         batch_offset = head_offset = 0
         if batch_axes:
             batch_offset = jax.lax.axis_index(batch_axes) * q.shape[0]

@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from bert_jax import paths
-from bert_jax.data.task_readers import SquadExample
+from bert_jax.tasks.squad.reader import SquadExample
 
 
 def _top(logits: np.ndarray, n: int) -> np.ndarray:

@@ -8,10 +8,8 @@ MNLI: dev_matched / dev_mismatched / test_matched / test_mismatched) or, with no
 from tensorflow-datasets `glue/<task>`. "tsv" is a generic format: a header with sentence1,
 (sentence2,) label columns, test.tsv with index + sentences.
 
-Test-set predictions are written in the GLUE submission format (MNLI with eval_test also
-predicts the diagnostic set, AX.tsv): `<Name>.tsv` with a header
-`index<TAB>prediction`, one line per test example, labels as strings (STS-B: the score,
-clipped to [0, 5]).
+Test-set predictions are written in the GLUE submission format, `<Name>.tsv` (`index<TAB>
+prediction`, labels as strings; STS-B's score clipped to [0, 5]; MNLI also predicts AX.tsv).
 """
 
 from __future__ import annotations
@@ -24,12 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import paths
-from bert_jax.data import task_readers as readers
-from bert_jax.data.tasks_input import cache_key, cached_features, check_features
+from bert_jax.tasks.inputs import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForSequenceClassification
 from bert_jax.models.config import ConfigError
 from bert_jax.tasks import classification, metrics
-from bert_jax.tasks.base import EvalSet
+from bert_jax.tasks.base import EvalSet, FinetuneTask
+from bert_jax.tasks.glue import reader as readers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +57,7 @@ GLUE_TASKS = {
 }
 
 
-class GlueTask:
+class GlueTask(FinetuneTask):
     """One GLUE task (or "tsv"). eval_test=True adds the unlabeled test split(s) to eval_sets
     (predictions written, not scored)."""
 
@@ -92,7 +90,7 @@ class GlueTask:
     def num_labels(self) -> int:
         return 1 if self.labels is None else len(self.labels)
 
-    def model(self, bert_config):
+    def head(self, bert_config):
         return BertForSequenceClassification(bert_config, self.num_labels)
 
     # --- data ------------------------------------------------------------------------
@@ -115,9 +113,6 @@ class GlueTask:
             lambda: classification.convert_examples(
                 examples, tokenizer, self.max_seq_length, self.labels, source)),
             tokenizer, source)
-
-    def train_features(self, tokenizer):
-        return self._features("train", self.read("train"), tokenizer)
 
     def eval_sets(self, tokenizer) -> list[EvalSet]:
         sets = []
@@ -146,7 +141,7 @@ class GlueTask:
 
     # --- step side (jnp) -------------------------------------------------------------
 
-    def loss(self, outputs, batch):
+    def objective(self, outputs, batch):
         return classification.classification_loss(outputs, batch)
 
     def keep(self, outputs, batch):
@@ -159,7 +154,7 @@ class GlueTask:
         order = np.argsort(kept["example_index"], kind="stable")
         return classification.predictions_from_logits(kept["logits"][order])
 
-    def evaluate(self, eval_set: EvalSet, kept) -> dict[str, float]:
+    def score(self, eval_set: EvalSet, kept) -> dict[str, float]:
         if not eval_set.labeled:
             return {}
         preds = self.predictions(kept)

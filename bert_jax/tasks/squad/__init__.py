@@ -2,8 +2,8 @@
 
     task = SquadTask(version="2.0", train_file="train-v2.0.json", predict_file="dev-v2.0.json")
 
-Data from SQuAD JSON files, or tfds `squad/v1.1|v2.0` when no file is given. Features in
-squad_features.py, answer extraction in squad_postprocess.py, scoring in squad_metrics.py.
+Data from SQuAD JSON files, or tfds `squad/v1.1|v2.0` when no file is given (reader.py);
+features.py, answer extraction in postprocess.py, the official scripts' scoring in metrics.py.
 """
 
 from __future__ import annotations
@@ -14,12 +14,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax.data import task_readers as readers
-from bert_jax.data.tasks_input import cache_key, cached_features, check_features
+from bert_jax.tasks.readers import DataError
+from bert_jax.tasks.inputs import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForQuestionAnswering
 from bert_jax.models.config import ConfigError
-from bert_jax.tasks import squad_features, squad_metrics, squad_postprocess
-from bert_jax.tasks.base import EvalSet
+from bert_jax.tasks.base import EvalSet, FinetuneTask
+from bert_jax.tasks.squad import features as squad_features
+from bert_jax.tasks.squad import metrics as squad_metrics
+from bert_jax.tasks.squad import postprocess as squad_postprocess
+from bert_jax.tasks.squad import reader as readers
 
 
 def span_loss(start_logits, end_logits, batch: Mapping[str, jnp.ndarray]):
@@ -37,7 +40,7 @@ def span_loss(start_logits, end_logits, batch: Mapping[str, jnp.ndarray]):
     return loss, {"loss": loss, "loss_sum": loss_sum, "count": count}
 
 
-class SquadTask:
+class SquadTask(FinetuneTask):
     def __init__(self, version: str = "1.1", train_file: str = "", predict_file: str = "",
                  max_seq_length: int = 384, doc_stride: int = 128, max_query_length: int = 64,
                  n_best_size: int = 20, max_answer_length: int = 30,
@@ -54,7 +57,7 @@ class SquadTask:
         self.tfds_data_dir, self.cache_dir, self.vocab_file = tfds_data_dir, cache_dir, vocab_file
         self.main_metric = "f1"
 
-    def model(self, bert_config):
+    def head(self, bert_config):
         return BertForQuestionAnswering(bert_config)
 
     def read(self, split: str):
@@ -81,7 +84,7 @@ class SquadTask:
         # span): right for v2.0's is_impossible ones only.
         unanswered = [e.qid for e in examples if not e.answers and not e.is_impossible]
         if unanswered:
-            raise readers.DataError(
+            raise DataError(
                 f"{self.train_file or 'tfds squad'}: {len(unanswered)} training question(s) "
                 f"without 'answers' and not marked is_impossible (first: {unanswered[0]}); "
                 f"every training question needs its answer (v2.0: or is_impossible)")
@@ -93,7 +96,7 @@ class SquadTask:
                         labeled=any(e.answers or e.is_impossible for e in examples),
                         extra={"data": data})]
 
-    def loss(self, outputs, batch):
+    def objective(self, outputs, batch):
         return span_loss(outputs[0], outputs[1], batch)
 
     def keep(self, outputs, batch):
@@ -113,7 +116,7 @@ class SquadTask:
             kept["end_logits"][order], self.version_2, self.n_best_size,
             self.max_answer_length, self.null_score_diff_threshold)
 
-    def evaluate(self, eval_set: EvalSet, kept) -> dict[str, float]:
+    def score(self, eval_set: EvalSet, kept) -> dict[str, float]:
         if not eval_set.labeled:
             return {}
         predictions, _, null_odds = self.predict(eval_set, kept)

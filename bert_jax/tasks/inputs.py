@@ -13,9 +13,13 @@ import json
 from typing import Iterator, Mapping, Optional
 
 import numpy as np
+from absl import logging
 from etils import epath
 
 from bert_jax import paths
+from bert_jax.data.state import META, pack_meta, unpack_meta
+from bert_jax.data.tokenization import check_unk_rate
+from bert_jax.tasks.readers import DataError
 
 
 # --- tokens with offsets ---------------------------------------------------------------
@@ -40,12 +44,7 @@ def check_features(features: Mapping[str, np.ndarray], tokenizer, source: str
     checks naming `source` pass: at least one row (DataError), and the share of [UNK] among
     the real tokens ([CLS] / [SEP] / [PAD] left out): tokenization.VocabError above
     UNK_ERROR, a logged warning from UNK_WARN on."""
-    from absl import logging
-
-    from bert_jax.data.task_readers import DataError
-    from bert_jax.data.tokenization import check_unk_rate
-
-    if not _num_rows(features):
+    if not num_rows(features):
         raise DataError(f"{source}: no features from its examples (every one was skipped); "
                         f"expected at least one usable example")
     ids = np.asarray(features["input_ids"])
@@ -80,7 +79,7 @@ def write_feature_cache(path: str, features: Mapping[str, np.ndarray]) -> None:
     be a URI (gs://...): TensorFlow's file system writes it."""
     import tensorflow as tf
 
-    n = _num_rows(features)
+    n = num_rows(features)
     meta = {k: {"shape": list(v.shape[1:]), "dtype": str(v.dtype)} for k, v in features.items()}
     tmp = path + ".tmp"
     with tf.io.TFRecordWriter(tmp) as w:
@@ -136,60 +135,78 @@ def cached_features(cache_dir: Optional[str], name: str, key: str, build) -> dic
 
 # --- batches ---------------------------------------------------------------------------
 
-def _num_rows(features: Mapping[str, np.ndarray]) -> int:
+def num_rows(features: Mapping[str, np.ndarray]) -> int:
     sizes = {k: len(v) for k, v in features.items()}
     if len(set(sizes.values())) != 1:
         raise ValueError(f"feature arrays differ in length: {sizes}")
     return next(iter(sizes.values()))
 
 
-def num_rows(features: Mapping[str, np.ndarray]) -> int:
-    return _num_rows(features)
-
-
-def epoch_permutation(n: int, seed: int, epoch: int) -> np.ndarray:
-    """The order of the n training rows in `epoch`: a pure function of (seed, epoch), so a
-    resumed run (or another host) recomputes exactly the batches it would have seen."""
-    return np.random.default_rng([int(seed), int(epoch)]).permutation(n)
-
-
 def train_batch_indices(n: int, batch_size: int, seed: int, step: int) -> np.ndarray:
     """Row indices of batch `step` (from 0) of the stream that concatenates the epochs'
-    permutations: rows [step * B, (step + 1) * B) of it. A batch may straddle two epochs (the
-    remainder of one epoch opens the next), so no batch is ragged and every row is seen once
-    per epoch."""
+    permutations (each a pure function of (seed, epoch), so a resumed run or another host
+    recomputes them): rows [step * B, (step + 1) * B) of it. A batch may straddle two epochs,
+    so no batch is ragged and every row is seen once per epoch."""
     first, last = step * batch_size, (step + 1) * batch_size  # stream positions [first, last)
     out = []
     for epoch in range(first // n, (last - 1) // n + 1):
-        perm = epoch_permutation(n, seed, epoch)
+        perm = np.random.default_rng([int(seed), int(epoch)]).permutation(n)
         lo, hi = max(first - epoch * n, 0), min(last - epoch * n, n)
         out.append(perm[lo:hi])
     return np.concatenate(out)
 
 
-def train_batches(features: Mapping[str, np.ndarray], batch_size: int, seed: int,
-                  num_epochs: Optional[int] = None, start_step: int = 0
-                  ) -> Iterator[dict[str, np.ndarray]]:
-    """Shuffled full batches from batch `start_step` on (train_batch_indices): a fresh
-    permutation each epoch, a pure function of (seed, epoch). `example_weights` are 1.
-    num_epochs: stop once fewer than batch_size rows of that many epochs are left."""
-    n = _num_rows(features)
-    if n == 0:
-        raise ValueError("no training features")
-    step = int(start_step)
-    while num_epochs is None or (step + 1) * batch_size <= num_epochs * n:
-        idx = train_batch_indices(n, batch_size, seed, step)
-        batch = {k: v[idx] for k, v in features.items()}
-        batch["example_weights"] = np.ones([batch_size], np.float32)
-        yield batch
-        step += 1
+class FeatureBatches:
+    """Shuffled full training batches of in-memory features, forever: batch `step` of the
+    stream is a pure function of (seed, step) (train_batch_indices), so its position is its
+    step. Each of `process_count` processes takes its own rows [p * B/P, (p + 1) * B/P) of
+    every global batch of `batch_size` rows; `example_weights` are 1. get_state / set_state
+    / seek give the loop's exact resume (bert_jax.data.state)."""
+
+    def __init__(self, features: Mapping[str, np.ndarray], batch_size: int, seed: int,
+                 process_index: int = 0, process_count: int = 1):
+        if not num_rows(features):
+            raise ValueError("no training features")
+        if batch_size % process_count:
+            raise ValueError(f"train.batch_size={batch_size} (global) must be a multiple of "
+                             f"the number of processes, {process_count}")
+        self.features, self.batch_size, self.seed = features, int(batch_size), int(seed)
+        self.rows = slice(process_index * batch_size // process_count,
+                          (process_index + 1) * batch_size // process_count)
+        self.step = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        idx = train_batch_indices(num_rows(self.features), self.batch_size, self.seed,
+                                  self.step)[self.rows]
+        self.step += 1
+        batch = {k: v[idx] for k, v in self.features.items()}
+        batch["example_weights"] = np.ones([len(idx)], np.float32)
+        return batch
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        return {META: pack_meta({"kind": "features", "seed": self.seed,
+                                 "batches": self.step}),
+                "step": np.asarray(self.step, np.int64)}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        meta = unpack_meta(dict(state))
+        if meta.get("kind") != "features" or meta.get("seed") != self.seed:
+            raise ValueError(f"a state of {meta}, not of feature batches with seed "
+                             f"{self.seed}")
+        self.step = int(state["step"])
+
+    def seek(self, batches: int) -> None:
+        self.step = int(batches)
 
 
 def eval_batches(features: Mapping[str, np.ndarray], batch_size: int
                  ) -> Iterator[dict[str, np.ndarray]]:
     """Every row once, in order; the last batch is filled up with copies of row 0 whose
     `example_weights` are 0, so shapes stay static and nothing is dropped."""
-    n = _num_rows(features)
+    n = num_rows(features)
     for start in range(0, n, batch_size):
         idx = np.arange(start, min(start + batch_size, n))
         weights = np.ones([batch_size], np.float32)

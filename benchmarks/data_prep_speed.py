@@ -10,8 +10,8 @@ process tree (main + workers, sampled every 20 ms with psutil: RSS summed, which
 pages shared by the forked workers several times; PSS summed, which counts them once;
 and the largest single process).
 
-    python benchmarks/data_prep.py                      # 1 and 2 workers on the 4x corpus
-    python benchmarks/data_prep.py --workers=2 --repeat=1,4   # memory must not grow
+    python benchmarks/data_prep_speed.py                      # 1 and 2 workers on the 4x corpus
+    python benchmarks/data_prep_speed.py --workers=2 --repeat=1,4   # memory must not grow
 
 Anchor (the original google-research/bert tool, 2-core machine): ~2,300 instances/s and
 1.1 GB peak RSS on the 1x corpus, growing with the corpus. Target: >= 35,000 instances/s

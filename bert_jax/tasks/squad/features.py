@@ -22,8 +22,8 @@ from typing import Sequence
 import numpy as np
 from absl import logging
 
-from bert_jax.data.task_readers import SquadExample
-from bert_jax.data.tasks_input import encode_with_offsets
+from bert_jax.tasks.inputs import encode_with_offsets
+from bert_jax.tasks.squad.reader import SquadExample
 
 
 def doc_windows(num_tokens: int, max_tokens: int, doc_stride: int) -> list[tuple[int, int]]:

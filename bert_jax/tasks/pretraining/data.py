@@ -1,23 +1,15 @@
-"""The loop's view of the input pipeline (bert_jax.data.pretrain), and the quick start's
-sample data.
+"""Pre-training's input (bert_jax.data.pretrain), checked against the config before anything
+compiles: make_train_data(config, workdir) -> host iterator with get_state / set_state;
+make_eval_data(config, workdir) -> a fresh iterable of eval batches, or None.
 
-make_train_data(config, workdir) -> host iterator (numpy batches, get_state / set_state),
-checked against the config before anything compiles; make_eval_data(config, workdir) -> a
-fresh iterable of host eval batches, or None without eval files.
-
-With `data.source="tfrecord"` and no `data.train_files`, TFRecords are built once from raw
-text by data_prep.create_pretraining_data, in process, with the config's lengths: from
-`data.text_files` (your own text, in the original input format: one sentence per line, a
-blank line between documents) or else from the sample corpus data_prep ships (the
-quick start). Every 20th document is held out for evaluation. With `data.pack=True` the
-training files hold packed rows (data_prep --pack, up to data.max_sequences_per_pack
-sequences per row); the held-out files stay unpacked, so evaluation compares with unpacked
-runs. The files are cached in the workdir (WORKDIR/sample_data/len<L>_pred<P>[_pack<K>], or
-WORKDIR/text_data/len<L>_pred<P>[_pack<K>]_<hash> with a hash of the text files' paths, sizes
-and times, the vocabulary and the casing) and reused by a restart. The workdir and the text
-files may be in a bucket (gs://...): the TFRecords are then built in a local temporary
-folder and uploaded. Fine for a corpus of up to a few
-hundred MB; for more, run data_prep yourself and set `data.train_files`.
+With no `data.train_files`, TFRecords are built once, in process by data_prep, from
+`data.text_files` (one sentence per line, a blank line between documents) or else the sample
+corpus data_prep ships (the quick start), 1 document in 20 held out for evaluation. With
+`data.pack=True` the training files hold packed rows; the held-out ones stay unpacked, so
+evaluation compares with unpacked runs. They are cached in WORKDIR/sample_data/<lengths> or
+WORKDIR/text_data/<lengths>_<hash of the files, vocabulary and casing>, reused by a restart;
+a bucket workdir gets them built locally and uploaded. Fine up to a few hundred MB of text;
+for more, run data_prep yourself and set `data.train_files`.
 """
 
 from __future__ import annotations
@@ -31,9 +23,14 @@ import tempfile
 import jax
 from etils import epath
 
+from jax.experimental import multihost_utils
+
 from bert_jax import paths
+from bert_jax.data import checks, pretrain
 from bert_jax.data.checks import DataCheckError, files_named
+from bert_jax.data.tokenization import vocab_info
 from bert_jax.errors import UserError
+from bert_jax.train.runtime import agree
 from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB  # package data of the installed data_prep
 from data_prep import create_pretraining_data as cpd
 from data_prep.paths import TEXT_FORMAT
@@ -44,8 +41,6 @@ SAMPLE_SHARDS = 4
 
 
 def make_train_data(config, workdir: str):
-    from bert_jax.data import pretrain
-
     text_files = config.data.get("text_files", "")
     if text_files and (config.data.source != "tfrecord" or config.data.train_files):
         other = (f"data.source={config.data.source!r}" if config.data.source != "tfrecord"
@@ -59,7 +54,7 @@ def make_train_data(config, workdir: str):
         config.data.vocab_file = config.data.vocab_file or SAMPLE_VOCAB
     # Before any TFRecords are built: the vocabulary exists, has its special tokens and
     # fits the model.
-    data_vocab = pretrain.vocab_info(config.data)["vocab_size"]
+    data_vocab = vocab_info(config.data)["vocab_size"]
     if data_vocab > config.model.vocab_size:
         raise ValueError(
             f"the data's vocabulary has {data_vocab} tokens (config.data.vocab_size / "
@@ -69,10 +64,9 @@ def make_train_data(config, workdir: str):
     # Reads the first records of every file: a wrong length or an id outside the
     # vocabulary raises DataCheckError naming the file, before anything compiles; on
     # every process at once (each checks its own files).
-    from bert_jax.train.runtime import agree
     agree(lambda: pretrain.check_input(config.data), "the input check")
     if config.data.get("pack") and not build:
-        from bert_jax.data import checks, shards
+        from bert_jax.data import shards  # TensorFlow: only with files of packed rows
         files = (shards.expand_files(config.data.train_files)
                  if config.data.source == "tfrecord" else [])
         if not files or not checks.files_packing(files):
@@ -82,15 +76,14 @@ def make_train_data(config, workdir: str):
                 f"config.data.pack=True, but {given}: data.pack packs the TFRecords the run "
                 f"builds (data.text_files, the sample corpus); pack your files with "
                 f"create_pretraining_data.py --pack, or set data.pack=False")
-    return pretrain.train_iterator(config.data)
+    return pretrain.train_iterator(config.data, int(config.train.batch_size))
 
 
 def make_eval_data(config, workdir: str):  # noqa: ARG001
-    from bert_jax.data import pretrain
-
     if config.data.source == "tfrecord" and not config.data.eval_files:
         return None
-    return pretrain.eval_iterator(config.data)
+    return pretrain.eval_iterator(config.data, int(config.train.eval_batch_size)
+                                  or int(config.train.batch_size))
 
 
 def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int, list[str]]:
@@ -226,7 +219,5 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
                 shutil.rmtree(build_dir, ignore_errors=True)
         epath.Path(done).write_text("ok\n")  # last: a build cut short is redone
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices("text_data")
     return train_glob, (eval_file if paths.exists(eval_file) else "")

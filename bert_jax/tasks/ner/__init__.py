@@ -16,12 +16,13 @@ import optax
 from absl import logging
 
 from bert_jax import paths
-from bert_jax.data import task_readers as readers
-from bert_jax.data.task_readers import DataError, NerExample
-from bert_jax.data.tasks_input import cache_key, cached_features, check_features
+from bert_jax.tasks.inputs import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForTokenClassification
-from bert_jax.tasks import ner_metrics
-from bert_jax.tasks.base import EvalSet
+from bert_jax.tasks.base import EvalSet, FinetuneTask
+from bert_jax.tasks.ner import metrics as ner_metrics
+from bert_jax.tasks.ner import reader as readers
+from bert_jax.tasks.ner.reader import NerExample
+from bert_jax.tasks.readers import DataError
 
 # CoNLL-2003 tags; IOB1 (as distributed) and IOB2 (tfds) both use these names.
 CONLL2003_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC",
@@ -91,7 +92,7 @@ def decode(examples: Sequence[NerExample], features, pred_ids: np.ndarray,
     return out
 
 
-class NerTask:
+class NerTask(FinetuneTask):
     def __init__(self, train_file: str = "", dev_file: str = "", test_file: str = "",
                  labels: Optional[Sequence[str]] = None, max_seq_length: int = 128,
                  strict: bool = False, tfds_data_dir=None, cache_dir: str = "",
@@ -102,7 +103,7 @@ class NerTask:
         self.tfds_data_dir, self.cache_dir, self.vocab_file = tfds_data_dir, cache_dir, vocab_file
         self.main_metric = "f1"
 
-    def model(self, bert_config):
+    def head(self, bert_config):
         return BertForTokenClassification(bert_config, len(self.labels))
 
     def read(self, split):
@@ -119,9 +120,6 @@ class NerTask:
                 examples, tokenizer, self.max_seq_length, self.labels, source)),
             tokenizer, source)
 
-    def train_features(self, tokenizer):
-        return self._features("train", self.read("train"), tokenizer)
-
     def eval_sets(self, tokenizer) -> list[EvalSet]:
         sets = []
         for split in ("dev", "test"):
@@ -131,7 +129,12 @@ class NerTask:
             sets.append(EvalSet(split, self._features(split, examples, tokenizer), examples))
         return sets
 
-    def loss(self, outputs, batch):
+    def weight(self, batch):
+        """Labelled words (first pieces), filler rows left out: what token_loss averages."""
+        return jnp.sum(batch["label_weights"].astype(jnp.float32)
+                       * batch["example_weights"].astype(jnp.float32)[:, None])
+
+    def objective(self, outputs, batch):
         return token_loss(outputs, batch)
 
     def keep(self, outputs, batch):
@@ -144,7 +147,7 @@ class NerTask:
         return decode(eval_set.examples, eval_set.features, kept["pred_ids"][order],
                       self.labels)
 
-    def evaluate(self, eval_set: EvalSet, kept) -> dict[str, float]:
+    def score(self, eval_set: EvalSet, kept) -> dict[str, float]:
         pred = self.predict(eval_set, kept)
         gold = [list(e.tags) for e in eval_set.examples]
         out = ner_metrics.entity_f1(gold, pred, strict=self.strict)

@@ -10,9 +10,8 @@ longest-first as the classifier pairs; the encoder reads the C sequences, a sing
 (plus bias) scores each pooled [CLS], and a softmax over the C scores is trained with
 cross-entropy on the right ending (BertForMultipleChoice). Metric: accuracy.
 
-Predictions (every eval set, process 0): `choice_predictions-<set>.tsv` with a header
-`index<TAB>prediction<TAB>prob_0 ...`: the example's id, the chosen ending and the softmax
-probabilities of all endings (for ensembling or error analysis).
+Predictions: `choice_predictions-<set>.tsv` (`index<TAB>prediction<TAB>prob_0 ...`): the
+chosen ending and every ending's softmax probability.
 """
 
 from __future__ import annotations
@@ -23,14 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import paths
-from bert_jax.data import task_readers as readers
-from bert_jax.data.task_readers import ChoiceExample, DataError
-from bert_jax.data.tasks_input import cache_key, cached_features, check_features
+from bert_jax.tasks.inputs import cache_key, cached_features, check_features
 from bert_jax.models.bert import BertForMultipleChoice
 from bert_jax.models.config import ConfigError
 from bert_jax.tasks import metrics
-from bert_jax.tasks.base import EvalSet
+from bert_jax.tasks.base import EvalSet, FinetuneTask
+from bert_jax.tasks.choice import reader as readers
+from bert_jax.tasks.choice.reader import ChoiceExample
 from bert_jax.tasks.classification import _encode_all, assemble_pair, classification_loss
+from bert_jax.tasks.readers import DataError
 
 CHOICE_FORMATS = ("swag", "hellaswag", "jsonl")
 
@@ -77,7 +77,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum(-1, keepdims=True)
 
 
-class ChoiceTask:
+class ChoiceTask(FinetuneTask):
     """name: "swag" (the CSVs; train_file to train, dev_file), "hellaswag" (its .jsonl
     files, or tfds hellaswag when no file is given) or "jsonl" (your own questions in
     HellaSwag's JSON-lines layout, see read_choice_jsonl). A test_file (SWAG's test.csv,
@@ -94,7 +94,7 @@ class ChoiceTask:
         self.tfds_data_dir, self.cache_dir, self.vocab_file = tfds_data_dir, cache_dir, vocab_file
         self.main_metric = "accuracy"
 
-    def model(self, bert_config):
+    def head(self, bert_config):
         return BertForMultipleChoice(bert_config)
 
     # --- data ------------------------------------------------------------------------
@@ -157,7 +157,7 @@ class ChoiceTask:
 
     # --- step side (jnp) -------------------------------------------------------------
 
-    def loss(self, outputs, batch):
+    def objective(self, outputs, batch):
         """outputs: scores `[batch, choices]`: softmax cross-entropy over the choices."""
         return classification_loss(outputs, batch)
 
@@ -171,7 +171,7 @@ class ChoiceTask:
         order = np.argsort(kept["example_index"], kind="stable")
         return np.asarray(kept["logits"])[order]
 
-    def evaluate(self, eval_set: EvalSet, kept) -> dict[str, float]:
+    def score(self, eval_set: EvalSet, kept) -> dict[str, float]:
         if not eval_set.labeled:
             return {}
         logits = self._ordered_logits(kept)
