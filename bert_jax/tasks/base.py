@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.models.config import ConfigError
 from bert_jax.tasks.inputs import FeatureBatches, eval_batches, num_rows
 from bert_jax.train.state import dummy_inputs
 from bert_jax.train.task import Shape
@@ -64,12 +63,6 @@ class FinetuneTask:
 
     def prepare(self, config, bert_config, train_features, eval_sets: list[EvalSet],
                 init_source=None) -> None:
-        if int(config.train.eval_steps) >= 0:
-            raise ConfigError(f"config.train.eval_steps={config.train.eval_steps}: fine-tuning "
-                              f"scores every example of its eval sets; leave it at -1")
-        if config.train.init_state != "params":
-            raise ConfigError(f"config.train.init_state={config.train.init_state!r}: "
-                              f"fine-tuning takes the encoder's params only ('params')")
         self.title = f"task.kind={config.task.kind}"
         self.model_config = bert_config
         self.model = self.head(bert_config)

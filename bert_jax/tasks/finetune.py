@@ -35,7 +35,6 @@ from bert_jax.tasks import predict as predict_lib
 from bert_jax.tasks.inputs import num_rows
 from bert_jax.tasks.registry import task_from_config
 from bert_jax.train import loop
-from bert_jax.train.config import check_sections
 
 
 def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
@@ -120,9 +119,14 @@ def finished_runs(workdir: str, plan: list[tuple[float, int]]) -> list[dict]:
 def run(config, workdir: str, progress: bool = True, after_step=None) -> dict:
     """Every run of the config (restarts x learning rates), resuming what a previous call
     left; returns the summary dict ({"preempted": True, ...} if SIGTERM stopped a run)."""
-    check_sections(config)
     workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
-    loop.precheck(config)  # optimizer, mesh and batch sizes: before any data is read
+    loop.precheck(config)  # keys, optimizer, mesh and batch sizes: before any data is read
+    if int(config.train.eval_steps) >= 0:
+        raise ConfigError(f"config.train.eval_steps={config.train.eval_steps}: fine-tuning "
+                          f"scores every example of its eval sets; leave it at -1")
+    if config.train.init_state != "params":
+        raise ConfigError(f"config.train.init_state={config.train.init_state!r}: "
+                          f"fine-tuning takes the encoder's params only ('params')")
     bert_config, source, vocab = model_and_init(config)
     vocab = config.tokenizer.vocab_file or vocab
     if not vocab and not config.train.init_checkpoint:

@@ -106,6 +106,7 @@ def precheck(config):
     the batch sizes against it, checkpoint.every. Returns (mesh, rules)."""
     check_sections(config)
     optim.check_optimizer(config.optimizer)
+    optim.warmup_steps(config.schedule, 1)  # a warmup_ratio out of [0, 1]
     checkpoint_every(config)
     if config.train.init_state not in ("params", "full"):
         raise ConfigError(f"config.train.init_state={config.train.init_state!r}; expected "
@@ -216,11 +217,6 @@ class _Run:
         # The input is checked before anything is built or compiled.
         host_data = task.train_data(config, self.workdir)
         self.programs = programs or build(config, task, self.mesh, self.rules, self.steps)
-        # A thread keeps `prefetch_to_device` batches on the devices ahead of the step; its
-        # get_state() still names the next batch the step will see (exact resume).
-        self.train_data = data_device.DevicePrefetcher(
-            host_data, self.batch_sharding,
-            size=max(int(config.get("data", {}).get("prefetch_to_device", 2)), 1))
         self.gate = InputGate(self.batch_sharding,
                               int(config.train.batch_size) // jax.process_count())
         self.writer = metrics_lib.MetricWriter(self.workdir, bool(config.train.tensorboard))
@@ -231,6 +227,11 @@ class _Run:
         self.config_dict = config_to_dict(config)
         self.unchecked: list[tuple[int, dict]] = []   # (step, device metrics) not flag-read
         self.nonfinite_skipped = 0
+        # Last (go() closes it): a thread keeps `prefetch_to_device` batches on the devices
+        # ahead of the step; its get_state() still names the next batch the step will see.
+        self.train_data = data_device.DevicePrefetcher(
+            host_data, self.batch_sharding,
+            size=max(int(config.get("data", {}).get("prefetch_to_device", 2)), 1))
 
     # --- state ---------------------------------------------------------------------------
 
@@ -314,20 +315,21 @@ class _Run:
     # --- the steps -------------------------------------------------------------------------
 
     def go(self) -> Outcome:
-        self.state, self.rng = self.initial_state()
-        self.start = int(jax.device_get(self.state.step))
-        n_params = sum(int(np.prod(x.shape))
-                       for x in jax.tree_util.tree_leaves(self.state.params))
-        self.info(f"{self.task.title}: model {n_params / 1e6:.2f}M params; mesh "
-                  f"{dict(self.mesh.shape)}; {jax.device_count()} "
-                  f"{jax.devices()[0].platform} devices, {jax.process_count()} process(es); "
-                  f"steps {self.start} -> {self.steps}; {self.kernels}")
-        self.log = _Logger(self, self.progress)
-        self.profiler = Profiler(os.path.join(self.workdir, "profile"), self.start,
-                                 int(self.config.train.profile_start),
-                                 int(self.config.train.profile_steps), self.is_main)
-        eval_scalars, preempted, t0 = {}, False, time.perf_counter()
-        try:
+        eval_scalars, preempted = {}, False
+        try:  # a restore that fails (another seed, no step restores) closes what is open too
+            self.state, self.rng = self.initial_state()
+            self.start = int(jax.device_get(self.state.step))
+            n_params = sum(int(np.prod(x.shape))
+                           for x in jax.tree_util.tree_leaves(self.state.params))
+            self.info(f"{self.task.title}: model {n_params / 1e6:.2f}M params; mesh "
+                      f"{dict(self.mesh.shape)}; {jax.device_count()} "
+                      f"{jax.devices()[0].platform} devices, {jax.process_count()} "
+                      f"process(es); steps {self.start} -> {self.steps}; {self.kernels}")
+            self.log = _Logger(self, self.progress)
+            self.profiler = Profiler(os.path.join(self.workdir, "profile"), self.start,
+                                     int(self.config.train.profile_start),
+                                     int(self.config.train.profile_steps), self.is_main)
+            t0 = time.perf_counter()
             with Preemption() as preemption:
                 preempted = self.steps_until_done(preemption)
             if not preempted and (self.checkpointer.latest_step()
@@ -397,12 +399,9 @@ class _Run:
         return self.programs.compiled
 
     def close(self) -> None:
-        self.profiler.close() if hasattr(self, "profiler") else None
-        self.train_data.close()
-        self.checkpointer.close()  # waits; never raises (a failure here is already reported)
-        if hasattr(self, "log"):
-            self.log.close()
-        self.writer.close()
+        for part in ("profiler", "train_data", "checkpointer", "log", "writer"):
+            if hasattr(self, part):  # the checkpointer waits, never raises (reported already)
+                getattr(self, part).close()
 
     def info(self, msg: str) -> None:
         if self.is_main:

@@ -82,9 +82,10 @@ def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[st
             c = source.config
             raise InitCheckpointError(
                 f"train.init_checkpoint={source.path}: {k} has shape {tuple(got[k])} in the "
-                f"checkpoint, the model expects {tuple(shape)} (checkpoint model "
-                f"hidden_size={c.hidden_size}, num_hidden_layers={c.num_hidden_layers}, "
-                f"intermediate_size={c.intermediate_size})")
+                f"checkpoint, the model expects {tuple(shape)} " + (
+                    f"(checkpoint model hidden_size={c.hidden_size}, num_hidden_layers="
+                    f"{c.num_hidden_layers}, intermediate_size={c.intermediate_size})"
+                    if k.startswith("bert/") else "(another number of labels?)"))
 
 
 def warm_start(source: InitSource, state, rng, abstract, shardings, tx, rng_sharding, *,

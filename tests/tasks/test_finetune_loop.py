@@ -87,3 +87,23 @@ def test_profile_mfu_and_real_tokens_of_a_fine_tuning_run(tmp_path, capsys):
     pads = [1.0 - next(batches)["input_mask"].mean() for _ in range(4)]
     assert [r["data/padding_fraction"] for r in log] == pytest.approx(pads, rel=1e-6)
     assert all(r["data/sequences_per_row"] == 1.0 for r in log)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("train.eval_steps", 3, r"config.train.eval_steps=3: fine-tuning scores every example"),
+    ("train.init_state", "full", r"config.train.init_state='full': fine-tuning takes the "
+                                 r"encoder's params only"),
+    ("schedule.warmup_ratio", 1.5, r"config.schedule.warmup_ratio=1.5: expected 0 <= ratio "
+                                   r"<= 1")])
+def test_keys_a_fine_tuning_run_cannot_use_are_errors_before_any_data(key, value, message,
+                                                                      tmp_path):
+    """Refused before the task's files are read (task.data_dir does not exist)."""
+    from bert_jax.models.config import ConfigError
+
+    config = tiny_pairs_config()
+    config.schedule.warmup_steps = -1   # the ratio decides
+    config.update_from_flattened_dict({key: value})
+    config.task.data_dir = str(tmp_path / "no_such_dir")
+    with pytest.raises(ConfigError, match=message):
+        finetune.run(config, str(tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run").exists()

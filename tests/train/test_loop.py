@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.convert.sources import open_source
-from bert_jax.models.config import from_config_dict
+from bert_jax.models.config import ConfigError, from_config_dict
 from bert_jax.data import device as data_device
 from bert_jax.data.checks import DataCheckError
 from bert_jax.tasks.pretraining.loss import pretraining_loss
@@ -320,3 +320,36 @@ def test_attention_that_cannot_run_here_fails_before_any_data_or_compile(tmp_pat
 
     with pytest.raises(AttentionConfigError, match="model.attention=cudnn needs a GPU"):
         pretraining.run(config, str(tmp_path), make_train_data=no_data, make_eval_data=no_data)
+
+
+def test_resuming_with_another_seed_is_one_error_before_any_step(tmp_path):
+    """A workdir continues its own run: its checkpoints resumed under another train.seed
+    (a sweep's run_<i> with the wrong seed, a mistyped override) would mix two runs."""
+    config = tiny_config(steps=2, train=dict(tensorboard=False))
+    pretraining.run(config, str(tmp_path), make_train_data=memory_data,
+                    make_eval_data=lambda c, w: None)
+    lines = (tmp_path / "metrics.jsonl").read_text()
+    config = tiny_config(steps=4, train=dict(tensorboard=False, seed=1))
+    with pytest.raises(ConfigError, match=r"checkpoints: saved by a run with train.seed=0, "
+                                          r"not 1; use a new workdir$"):
+        pretraining.run(config, str(tmp_path), make_train_data=memory_data,
+                        make_eval_data=lambda c, w: None)
+    assert (tmp_path / "metrics.jsonl").read_text() == lines   # nothing trained or logged
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(steps=0), r"config.train.steps=0 and train.epochs=0.0: set train.steps > 0 "
+                    r"\(pre-training reads an endless stream: epochs do not apply\)"),
+    (dict(do_train=False), r"config.train.do_train / random_init apply to fine-tuning"),
+    (dict(init_state="everything"), r"config.train.init_state='everything'; expected "
+                                     r"'params' or 'full'")])
+def test_train_keys_a_pretraining_run_cannot_use_are_errors_before_any_data(
+        overrides, message, tmp_path):
+    config = tiny_config(train=overrides)
+
+    def no_data(c, w):
+        raise AssertionError("the data was read before the config was checked")
+    with pytest.raises(ConfigError, match=message):
+        pretraining.run(config, str(tmp_path), make_train_data=no_data,
+                        make_eval_data=no_data)

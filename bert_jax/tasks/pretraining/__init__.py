@@ -16,9 +16,8 @@ import numpy as np
 
 from bert_jax.convert.sources import saved_steps
 from bert_jax.convert.sources import open_source
-from bert_jax.errors import UserError
 from bert_jax.models.bert import BertForPreTraining
-from bert_jax.models.config import from_config_dict
+from bert_jax.models.config import ConfigError, from_config_dict
 from bert_jax.tasks.pretraining import data as data_lib
 from bert_jax.tasks.pretraining.loss import pretraining_loss
 from bert_jax.train import loop
@@ -71,8 +70,8 @@ class PretrainingTask:
     def __init__(self, config, workdir: str, make_train_data: Optional[Callable] = None,
                  make_eval_data: Optional[Callable] = None):
         if not config.train.do_train or config.train.random_init:
-            raise UserError("config.train.do_train / random_init apply to fine-tuning "
-                            "configs (a task section); pre-training always trains")
+            raise ConfigError("config.train.do_train / random_init apply to fine-tuning "
+                              "configs (a task section); pre-training always trains")
         self.config = config
         self.model_config = from_config_dict(config.model)
         self.model = BertForPreTraining(self.model_config,
