@@ -168,7 +168,8 @@ def test_the_data_page_runs(tmp_path):
     assert (tmp_path / "pretrain" / "sample.tfrecord").stat().st_size > 1_000_000
     checked = _run(_command("docs/data.md", "-m bert_jax.data.inspect"), tmp_path)
     assert "[UNK]" in checked
-    trained = _run(_command("docs/data.md", "launch/train.py") + [
+    trained = _run(_command("docs/data.md", "launch/train.py --config=configs/bert_tiny.py "
+                                           "--workdir=/tmp/bert_tiny_sample") + [
         "--config.train.steps=4", "--config.train.log_every=2", "--config.train.eval_steps=1",
         "--config.checkpoint.every=0"], tmp_path)
     assert (tmp_path / "bert_tiny_sample" / "checkpoints" / "4").is_dir(), trained[-2000:]
