@@ -142,9 +142,9 @@ def run(main: Callable[[list[str]], object], argv: Optional[list[str]] = None,
             finally:
                 # The work is done (files closed, checkpoints waited for): no collector
                 # needs to look at what is alive now. Without this the interpreter's last
-                # collections, while it shuts down, walk the ~0.5M objects of TensorFlow,
-                # JAX and flax several times: seconds after the last line, tens of seconds
-                # on a loaded machine. Exit still runs atexit handlers and joins threads.
+                # collections, while it shuts down, walk the objects of TensorFlow, JAX
+                # and flax several times: seconds after the last line, more under load
+                # (benchmarks/RESULTS.md). Exit still runs atexit handlers and joins threads.
                 gc.freeze()
 
     app.run(guarded, argv=argv, flags_parser=lambda a: parse_flags(a, diagnose))

@@ -3,9 +3,10 @@
     python launch/train.py --config=configs/bert_tiny.py --workdir=/tmp/bert_tiny
 
 With no --config.data.train_files it builds TFRecords from data_prep/sample_corpus once
-(cached in the workdir, 1 document in 20 held out for eval) and pre-trains for about three
-minutes on a quiet 2-core CPU; eval MLM accuracy ends at 0.14-0.15, against the 0.073 of
-always predicting the most frequent masked token (the baseline it prints).
+(cached in the workdir, 1 document in 20 held out for eval) and pre-trains for a few
+minutes on a CPU (timings: benchmarks/RESULTS.md); eval MLM accuracy ends at 0.14-0.15,
+against the 0.073 of always predicting the most frequent masked token (the baseline it
+prints).
 """
 
 import ml_collections

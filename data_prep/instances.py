@@ -91,7 +91,7 @@ Docs = list[tuple[int, list[int]]]
 
 
 def _randint(rng: random.Random, lo: int, hi: int) -> int:
-    """Uniform integer in [lo, hi] (inclusive, like random.randint, ~3x cheaper)."""
+    """Uniform integer in [lo, hi] (inclusive, like random.randint, with less overhead)."""
     return lo + int(rng.random() * (hi - lo + 1))
 
 

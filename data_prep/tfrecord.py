@@ -1,11 +1,11 @@
 """Vectorized `tf.train.Example` serialization and TFRecord framing, without TensorFlow.
 
 Written by hand because no library does it fast: building one `tf.train.Example` proto per
-instance costs ~30 us in Python, and importing TensorFlow costs seconds and ~400 MB of RSS in
-every worker. Here a whole batch of instances is encoded with numpy: every record is laid
-out in one row of a byte matrix with a validity mask, and `matrix[mask]` concatenates the
-records. The bytes parse with `tf.io.parse_single_example` to the same values
-(tests/data_prep/test_tfrecord.py).
+instance is slow in Python, and importing TensorFlow costs seconds and hundreds of MB of RSS
+in every worker (benchmarks/RESULTS.md). Here a whole batch of instances is encoded with
+numpy: every record is laid out in one row of a byte matrix with a validity mask, and
+`matrix[mask]` concatenates the records. The bytes parse with `tf.io.parse_single_example`
+to the same values (tests/data_prep/test_tfrecord.py).
 
 Wire format (protobuf): Example{1: Features{1: map<string, Feature>}}; a map entry is
 {1: key, 2: Feature}; Feature{2: FloatList, 3: Int64List}; each list {1: packed values}.

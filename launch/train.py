@@ -13,15 +13,18 @@ r"""Pre-train or fine-tune BERT: one command from a CPU to a TPU pod, one traini
     python launch/train.py --config=configs/swag.py --workdir=... \
         --config.train.init_checkpoint=<model dir> --config.task.train_file=train.csv \
         --config.task.dev_file=val.csv
+    python launch/train.py --config=configs/bert_tiny.py --config.train.steps=10 --print_config
 
 Runs the installed bert_jax and data_prep packages (`python -m pip install -e .` in a
 checkout, as the README's quick start does), never a copy found through this file's folder.
 
-The config is a plain Python file (configs/*.py) whose sections are documented in
-bert_jax/train/config.py; `--config.section.key=value` overrides, and an unknown key is an
-error. Restarting the same command resumes from WORKDIR/checkpoints. SIGTERM saves and
-exits 0. A mistake in the config, the flags or the input files ends in one line, `error: ...`,
-and exit code 2 (a fault of the run's environment: 1); --verbose adds the traceback.
+The config is a plain Python file (configs/*.py); every key is documented in
+docs/configuration.md. `--config.section.key=value` overrides, and an unknown key is an
+error; --print_config prints the resolved config as YAML and exits (no --workdir needed).
+
+Restarting the same command resumes from WORKDIR/checkpoints. SIGTERM saves and exits 0. A
+mistake in the config, the flags or the input files ends in one line, `error: ...`, and exit
+code 2 (a fault of the run's environment: 1); --verbose adds the traceback.
 
 Multi-host: on TPU VMs (every host runs this same command) `jax.distributed.initialize()`
 is called automatically; elsewhere pass --coordinator_address=host:port
@@ -44,9 +47,14 @@ from bert_jax.train import runtime  # noqa: E402
 from bert_jax.train.config import check_config_flag, config_path  # noqa: E402
 
 FLAGS = flags.FLAGS
-config_flags.DEFINE_config_file("config", None, "Run config: configs/<name>.py[:arg]",
-                                lock_config=True)
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events.")
+config_flags.DEFINE_config_file(
+    "config", None, "Run config: configs/<name>.py[:arg]; override keys with "
+    "--config.section.key=value. Keys: docs/configuration.md; --print_config shows them.",
+    lock_config=True)
+flags.DEFINE_string("workdir", None, "Checkpoints, metrics.jsonl and TensorBoard events "
+                    "(required unless --print_config).")
+flags.DEFINE_bool("print_config", False, "Print the resolved config (after the --config.* "
+                  "overrides) as YAML and exit; nothing is built or run.")
 flags.DEFINE_enum("distributed", "auto", ["auto", "on", "off"],
                   "jax.distributed.initialize(): auto = on TPU VMs or when "
                   "--coordinator_address is set; on = always (SLURM etc. auto-detected).")
@@ -56,7 +64,27 @@ flags.DEFINE_integer("process_id", None, "This process's index (multi-process)."
 flags.DEFINE_integer("debug_kill_after_step", None,
                      "Testing hook: SIGKILL this process as soon as the checkpoint of this "
                      "step is on disk (simulates a crash).")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flag_as_required("config")
+
+
+def config_yaml(config) -> str:
+    """The config's values as plain YAML (tuples as lists), keys sorted as the config has
+    them: readable, and loadable with yaml.safe_load. Not ConfigDict.to_yaml(), which
+    serializes the Python objects (types, FieldReferences), nor str(config), which tags
+    tuples `!!python/tuple`."""
+    import yaml
+
+    def sequence(dumper, value):  # a list of scalars on one line: `lrs: [1e-05, 2e-05]`
+        flat = not any(isinstance(v, (list, tuple, dict)) for v in value)
+        return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=flat)
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(tuple, sequence)
+    Dumper.add_representer(list, sequence)
+    return yaml.dump(config.to_dict(), Dumper=Dumper, default_flow_style=False,
+                     sort_keys=False, width=100)
 
 
 def main(argv):
@@ -69,6 +97,11 @@ def main(argv):
     # A --config file that does not exist parses (ml_collections defers the error to the
     # first use of the config): name it now.
     config_path(config_flags.get_config_filename(FLAGS["config"]), repo_fallback=False)
+    if FLAGS.print_config:
+        print(config_yaml(FLAGS.config), end="")
+        return
+    if FLAGS.workdir is None:
+        raise app.UsageError("--workdir is required (only --print_config runs without it)")
     runtime.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
                        FLAGS.process_id)
 

@@ -10,9 +10,11 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from bert_jax import cli
 from bert_jax.errors import FaultError, UserError
+from bert_jax.train.config import load_config
 from tests.conftest import REPO
 
 # Lines the C++ side of jax / TensorFlow may log on stderr whatever the program does.
@@ -60,6 +62,56 @@ def test_train_py_error_in_main_is_one_line(tmp_path):
         "error: no train.init_checkpoint given: fine-tuning starts from a pretrained "
         "encoder; pass --config.train.init_checkpoint="), r.stderr
     assert not workdir.exists()  # refused before anything was written
+
+
+def _as_lists(value):
+    """A config's to_dict() with tuples as lists, as YAML reads them back."""
+    if isinstance(value, dict):
+        return {k: _as_lists(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_as_lists(v) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("spec, flags, overrides", [
+    ("configs/bert_tiny.py", ["--config.train.steps=17", "--config.model.hidden_act=relu"],
+     {"train.steps": 17, "model.hidden_act": "relu"}),
+    ("configs/glue.py:mrpc", ["--config.sweep.lrs=(1e-5,3e-5)", "--config.task.data_dir=MRPC"],
+     {"sweep.lrs": (1e-5, 3e-5), "task.data_dir": "MRPC"}),
+])
+def test_train_py_print_config_prints_the_resolved_config_without_a_workdir(
+        spec, flags, overrides, tmp_path):
+    """--print_config: the config after its overrides, as YAML, exit 0; no --workdir needed,
+    nothing written (run from an empty directory, with the config's path absolute)."""
+    r, lines = _run(str(REPO / "launch/train.py"), f"--config={REPO / spec}", *flags,
+                    "--print_config", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert lines == [], r.stderr
+    printed = yaml.safe_load(r.stdout)
+    assert printed == _as_lists(load_config(spec, overrides).to_dict())
+    for key, value in overrides.items():  # the override itself, not the config's default
+        section, name = key.split(".")
+        assert printed[section][name] == _as_lists(value)
+        assert load_config(spec)[section][name] != value
+    assert not os.listdir(tmp_path)  # nothing built or written
+
+
+def test_train_py_print_config_keeps_the_one_line_errors(tmp_path):
+    r, lines = _run("launch/train.py", "--config=configs/bert_tiny.py", "--config.train.stpes=3",
+                    "--print_config")
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert lines == ["error: configs/bert_tiny.py: unknown config key 'train.stpes' (did you "
+                     "mean 'train.steps'?)"], r.stderr
+    # without --print_config, --workdir is still required: one line, before anything runs
+    r, lines = _run("launch/train.py", "--config=configs/bert_tiny.py", cwd=REPO)
+    assert r.returncode == 2, r.stderr
+    assert lines == ["error: --workdir is required (only --print_config runs without it)"]
+
+
+def test_train_py_help_says_where_the_keys_are_documented():
+    r, _ = _run("launch/train.py", "--help")  # absl's --help exits 1 after printing
+    assert "docs/configuration.md" in r.stdout and "--print_config" in r.stdout
+    assert re.search(r"--\[no\]print_config: Print the resolved config", r.stdout), r.stdout
 
 
 @pytest.mark.parametrize("args, message", [

@@ -18,7 +18,7 @@ PRETRAIN_FEATURES = {
     "next_sentence_labels": ("int64", None),  # length 1
 }
 
-# Packed rows (data_prep --pack; issue 19): up to K = max_sequences_per_pack sequences
+# Packed rows (data_prep --pack): up to K = max_sequences_per_pack sequences
 # `[CLS] A [SEP] B [SEP]` back to back in one row of max_seq_length, then padding.
 #   input_ids, input_mask, segment_ids   as unpacked (segment_ids: token types, 0 on A)
 #   sequence_ids     k + 1 on the tokens of the row's k-th sequence, 0 on padding

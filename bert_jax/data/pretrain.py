@@ -78,7 +78,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
                                  # thread (cheapest on local disks), N, or -2 = AUTOTUNE
     c.read_buffer_bytes = 1 << 20  # TFRecordDataset read buffer per file
     # tf.data's autotuning model thread: off, as AUTOTUNE's untuned values (min(16, cores)
-    # parallel calls, prefetch's own buffer tuning) already feed ~50x what a step eats,
+    # parallel calls, prefetch's own buffer tuning) already feed far more than a step eats,
     # and destroying a tuned iterator waits out the model's sleep (up to 60 s) at the end
     # of every evaluation and of the run. True: tune (benchmarks/input_pipeline.py).
     c.autotune = False

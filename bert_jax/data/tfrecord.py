@@ -16,9 +16,9 @@ have (max_sequences_per_pack, 0 = unpacked), from their first record.
 
 Why this order: shuffling and batching the small serialized strings before parsing keeps the
 shuffle cheap and lets `parse_example` and the masking run vectorized on whole batches (no
-per-example Python or per-example graph functions). A per-record `Dataset.shuffle` halved
-the throughput at length 128 on 2 cores; the window shuffle costs one permutation per
-window.
+per-example Python or per-example graph functions). A per-record `Dataset.shuffle` costs
+a large share of the throughput (benchmarks/RESULTS.md); the window shuffle costs one
+permutation per window.
 
 Resume exactness. Every stage that runs in parallel keeps its output order (`deterministic=
 True`), and all randomness is seeded (shuffles) or stateless (masking keyed by the batch
@@ -308,7 +308,8 @@ def input_error(error: tf.errors.OpError, files: Sequence[str], cfg,
 
 def _to_numpy(batch) -> dict[str, np.ndarray]:
     # `_numpy()` hands over the tensor's buffer (as Dataset.as_numpy_iterator does);
-    # `.numpy()` would copy every array, ~10% of the pipeline's CPU at length 128.
+    # `.numpy()` would copy every array, a visible share of the pipeline's CPU
+    # (benchmarks/RESULTS.md).
     return {k: v._numpy() for k, v in batch.items()}  # pylint: disable=protected-access
 
 

@@ -172,13 +172,13 @@ class WordPieceTokenizer(_BaseTokenizer):
     def encode_batch_flat(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """Ids of many texts back to back: (ids <int32>[total], lengths <int64>[len(texts)]).
 
-        Why not only `backend.encode_batch`: `tokenizers` runs BERT's pipeline at ~2 MB/s
-        per core, the dominant cost of data prep. Printable-ASCII lines (most of any English
-        corpus) take a shortcut with identical output: for them BERT's normalizer is just
-        lower-casing, and its pre-tokenizer keeps runs of letters/digits and splits off
-        every other printable character (all ASCII punctuation), so we split with a regex
-        and look each word up in a cache filled by the library itself. Every other line
-        goes through the library. Checked against the library and against transformers'
+        Why not only `backend.encode_batch`: `tokenizers`' full BERT pipeline is the
+        dominant cost of data prep (benchmarks/RESULTS.md). Printable-ASCII lines (most of
+        any English corpus) take a shortcut with identical output: for them BERT's
+        normalizer is just lower-casing, and its pre-tokenizer keeps runs of letters/digits
+        and splits off every other printable character (all ASCII punctuation), so we split
+        with a regex and look each word up in a cache filled by the library itself. Every
+        other line goes through the library. Checked against the library and against transformers'
         BertTokenizer in tests/data_prep/test_tokenization.py.
         """
         n = len(texts)
@@ -236,7 +236,7 @@ class WordPieceTokenizer(_BaseTokenizer):
             missing = list({words[i] for i in np.flatnonzero(idx < 0).tolist()})
             # These words are already normalized and pre-tokenized (printable ASCII, split
             # as BertPreTokenizer does): only the library's WordPiece model is left to run,
-            # ~5x cheaper per word than a full encode.
+            # much cheaper per word than a full encode (benchmarks/RESULTS.md).
             wordpiece = self.backend.model.tokenize
             ids = [[t.id for t in wordpiece(w.decode("ascii"))] for w in missing]
             lens = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))

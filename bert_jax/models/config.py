@@ -59,7 +59,7 @@ class BertConfig:
       scan_layers: run the layer stack with `nn.scan` (params stacked on a leading
         "layers" axis): compile time independent of depth.
       dropout_rng: how dropout masks are drawn: "hash" (default: one threefry draw per
-        call, then a counter-based hash per element; ~10x cheaper masks on CPU, the same
+        call, then a counter-based hash per element; much cheaper masks on CPU, the same
         mask on any mesh; see models/dropout.py) or "jax" (flax's nn.Dropout,
         jax.random.bernoulli, bit for bit).
     """

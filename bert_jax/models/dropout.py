@@ -19,19 +19,16 @@ mask, so:
 
 The mask is a pure function of (key, global element index), built from `iota`s, so it is the
 same on any mesh (XLA partitions the iotas) and is recomputed, not stored, where that is
-cheaper. ~10x cheaper than threefry on CPU (`benchmarks/train_step.py` measures the step
-both ways: `--dropout_rng=hash` / `jax`). Statistical checks (rate, independence across elements,
-rows, columns and keys) are in tests/models/test_dropout.py. `impl="jax"` is flax's
-nn.Dropout bit for bit.
+cheaper. Much cheaper than threefry on CPU (`benchmarks/train_step.py` measures the step
+both ways: `--dropout_rng=hash` / `jax`; figures in benchmarks/RESULTS.md). Statistical
+checks (rate, independence across elements, rows, columns and keys) are in
+tests/models/test_dropout.py. `impl="jax"` is flax's nn.Dropout bit for bit.
 
 The default (`model.dropout_rng="hash"`). Fine-tuning quality was compared seed by seed,
-since one run cannot separate a mask generator from the run-to-run spread: the SQuAD-format
-acceptance set (benchmarks/finetune_minilm.py --task=squad: MiniLM, lr 3e-4, 4 epochs),
-seeds 0-3, dev F1
-    jax.random.bernoulli masks: 89.9, 49.0, 54.9, 53.4  (mean 61.8)
-    hash masks:                 74.9, 58.9, 65.3, 50.9  (mean 62.5)
-The spread across seeds (49-90 with either generator) dwarfs any difference between them;
-`impl="jax"` stays available for bit-for-bit parity with flax.
+since one run cannot separate a mask generator from the run-to-run spread (the SQuAD-format
+acceptance set, benchmarks/finetune_minilm.py --task=squad; dev F1 per seed in
+benchmarks/RESULTS.md): the spread across seeds dwarfs any difference between the two
+generators. `impl="jax"` stays available for bit-for-bit parity with flax.
 """
 
 from __future__ import annotations

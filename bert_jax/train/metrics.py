@@ -7,7 +7,7 @@ MFU = achieved model FLOP/s / peak FLOP/s of the devices. Model FLOPs count the 
 the forward pass (2 FLOPs per multiply-add) times 3 for forward + backward; attention score
 and context matmuls are included, elementwise work is not (the PaLM convention). The peak
 comes from a table of per-device dense bf16 peaks by `device_kind`; on CPU (or an unknown
-device) it is a measured float32 matmul ceiling of this machine.
+device) it is a float32 matmul ceiling measured at start-up on the host that runs it.
 
 Real tokens. Padding costs compute but is no work: `input_stats` counts, inside the step,
 the batch's real tokens, sequences (several per packed row), squared sequence lengths (the
