@@ -212,3 +212,9 @@ def test_every_docs_page_is_linked_and_every_link_resolves():
             if "://" in target:
                 continue
             assert (page.parent / target).exists(), f"{page.name}: link to {target} is broken"
+
+
+def test_the_readme_print_config_command_runs(tmp_path):
+    out = _run(_command("README.md", "launch/train.py --config=configs/bert_tiny.py "
+                                     "--config.train.steps=100 --print_config"), tmp_path)
+    assert re.search(r"^  steps: 100$", out, re.M), out[-2000:]
