@@ -94,7 +94,7 @@ def base_stepper(batch: int, seq: int):
         "bert_base_config", os.path.join(root, "configs", "bert_base.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    built = build(module.get_config(), batch, seq, max(1, int(round(0.15 * seq))))
+    built = build(module.get_config(), batch, seq, anchor_preds(seq))
     holder = {"state": built["state"], "count": 0}
 
     def run() -> float:
@@ -104,6 +104,11 @@ def base_stepper(batch: int, seq: int):
         holder["count"] += 1
         return float(jax.block_until_ready(m)["train/loss"])
     return run
+
+
+def anchor_preds(seq: int) -> int:
+    """MLM predictions per row of the anchors' batches: round(0.15 * seq), 19 at 128."""
+    return max(1, int(round(0.15 * seq)))
 
 
 def anchor_args():

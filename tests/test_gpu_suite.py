@@ -26,11 +26,13 @@ raise ImportError("tensorflow is blocked by tests/test_gpu_suite.py")
 """
 
 
-def _suite_module():
+def _suite_module(name: str):
+    """benchmarks/gpu/<name>.py, imported as benchmarks/gpu_suite.py imports it (loading the
+    script puts benchmarks/ on sys.path)."""
     spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks/gpu_suite.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return importlib.import_module(f"gpu.{name}")
 
 
 def _positive(text: str) -> float:
@@ -155,7 +157,7 @@ def test_smoke_run(tmp_path):
 def test_top_kernels_reads_gpu_stream_lines(tmp_path):
     """The GPU trace layout (xprof's trace viewer JSON): kernels come from the device
     process's "Stream #" lines, not its derived XLA Ops line nor the host's events."""
-    suite = _suite_module()
+    suite = _suite_module("profile")
     events = [
         {"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "/host:CPU"}},
         {"ph": "M", "pid": 2, "name": "process_name", "args": {"name": "/device:GPU:0"}},
@@ -198,7 +200,7 @@ def test_top_kernels_reads_gpu_stream_lines(tmp_path):
 
 
 def test_kernel_kinds_of_gpu_kernel_names():
-    suite = _suite_module()
+    suite = _suite_module("profile")
     kinds = {name: suite.kernel_kind(name) for name in (
         "flash_attention_bwd_dkdv", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop",
         "nvjet_hsh_256x128_64x4_1x2_h_bz_coopA_NNN", "gemm_fusion_dot_general_12",
@@ -216,7 +218,7 @@ def test_kernel_kinds_of_gpu_kernel_names():
 
 
 def test_variants_flag():
-    suite = _suite_module()
+    suite = _suite_module("suite")
     cases = ["base128", "large128", "large512"]
     got = suite.parse_variants("attention=xla; base128+large512:model.remat=full,"
                                "fused_qkv=true;;large128:hidden_dropout_prob=0.0", cases)
@@ -231,7 +233,7 @@ def test_variants_flag():
 def test_xla_flags_variant_reaches_the_child_environment(monkeypatch):
     """A variant's xla_flags go to its child's XLA_FLAGS after the suite's own (XLA takes
     the later of two settings of a flag), never into the model section."""
-    suite = _suite_module()
+    suite = _suite_module("suite")
     got = suite.parse_variants(
         "base128:xla_flags=--xla_gpu_enable_latency_hiding_scheduler=true "
         "--xla_gpu_enable_command_buffer=,attention=xla", ["base128", "large128"])
@@ -241,17 +243,19 @@ def test_xla_flags_variant_reaches_the_child_environment(monkeypatch):
                                   "--xla_gpu_enable_command_buffer=", "attention": "xla"},
                     {"base128"})]
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION")
-    env = suite.child_env("jax", False, "--xla_gpu_enable_command_buffer=")
+    children = _suite_module("children")
+    env = children.child_env("jax", False, "--xla_gpu_enable_command_buffer=")
     assert env["XLA_FLAGS"] == ("--xla_gpu_enable_command_buffer=FUSION "
                                 "--xla_gpu_enable_command_buffer=")
-    assert suite.child_env("jax", False)["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer=FUSION"
+    assert (children.child_env("jax", False)["XLA_FLAGS"]
+            == "--xla_gpu_enable_command_buffer=FUSION")
 
 
 def test_deadline_skips_measurements_and_still_prints_the_table(tmp_path, monkeypatch, capsys):
     """--deadline_s: a measurement that would start with under a minute left is skipped
     (no child is started) and its cell says SKIP, so a run cut to a command's time limit
     still prints its table and its closing line."""
-    suite = _suite_module()
+    suite = _suite_module("suite")
     started = []
     monkeypatch.setattr(suite, "spawn", lambda spec, timeout, report: started.append(spec))
     out = tmp_path / "out"

@@ -1,0 +1,129 @@
+"""The bert_jax child: the case's jitted, sharded pre-training step as
+benchmarks/pretrain_step.build makes it (as benchmarks/train_step.py does) with
+model.dtype = the spec's dtype and float32 params / AdamW state. Timing: `warmup` untimed
+steps, then the median of `steps` steps, each followed by jax.block_until_ready. With a
+profile_dir, `profile_steps` more steps are traced afterwards (a failed trace keeps the
+figures)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import traceback
+
+from .children import case_config
+from .common import GIB, exc_line
+
+
+def run(spec: dict, out: dict) -> dict:
+    import jax
+    import numpy as np
+
+    from bert_jax.models.config import from_config_dict
+    from pretrain_step import build, step_config
+
+    dev = jax.devices()[0]
+    out.update(device_kind=dev.device_kind, platform=dev.platform, devices=jax.device_count())
+    config = step_config(case_config(spec), spec["dtype"])
+    out.update(attention=config.model.get("attention", "auto"),  # before a bad setting raises
+               remat=config.model.get("remat", "none"),
+               scan_layers=bool(config.model.get("scan_layers", False)),
+               dropout_rng=config.model.get("dropout_rng", "?"))
+    mcfg = from_config_dict(config.model)
+    describe(config, mcfg, dev.platform, out)
+    built = build(config, spec["batch"], spec["seq"], spec["preds"], dropout=True)
+    out["compile_s"] = built["compile_s"]
+    try:
+        mem = built["compiled"].memory_analysis()
+        out["temp_gib"] = mem.temp_size_in_bytes / GIB
+        out["argument_gib"] = mem.argument_size_in_bytes / GIB
+    except Exception:  # noqa: BLE001 - not every backend reports it
+        pass
+    state = time_steps(built, spec, mcfg, out)
+    if spec.get("profile_dir"):  # after the timing: a failed trace keeps the figures
+        state = trace_steps(built, state, spec, out)
+    try:
+        stats = dev.memory_stats() or {}
+        if "peak_bytes_in_use" in stats:
+            out["peak_gib"] = stats["peak_bytes_in_use"] / GIB
+    except Exception:  # noqa: BLE001
+        pass
+    out["n_params"] = int(sum(int(np.prod(x.shape))
+                              for x in jax.tree_util.tree_leaves(state.params)))
+    return out
+
+
+def describe(config, mcfg, plat: str, out: dict) -> None:
+    """The attention path the row's step takes, its compute dtype and sizes."""
+    out["attention_resolved"], why = attention_route(config, mcfg, plat)
+    if why:
+        out["attention_error"] = why
+    out.update(dtype=mcfg.dtype,
+               model={k: getattr(mcfg, k) for k in (
+                   "num_hidden_layers", "hidden_size", "num_attention_heads",
+                   "intermediate_size", "vocab_size")})
+
+
+def attention_route(config, mcfg, plat: str) -> tuple:
+    """The path the dispatch resolves config.model.attention to for a training step with
+    dropout, and None; or "error" and why."""
+    from bert_jax.models import attention_ops
+
+    impl = config.model.get("attention", "auto")
+    try:
+        return attention_ops.resolve(impl, plat, mcfg, training=True), None
+    except Exception as e:  # noqa: BLE001 - an explicit path this step cannot run
+        return "error", exc_line(e)
+
+
+def time_steps(built: dict, spec: dict, mcfg, out: dict):
+    """Warmup, then the timed steps; fills loss, ms_per_step, seq_per_s, mfu, step_ms and
+    the FLOPs figures. Returns the state after them."""
+    import jax
+
+    from bert_jax.train import metrics as metrics_lib
+
+    state, batches, rng, compiled = (built["state"], built["batches"], built["rng"],
+                                     built["compiled"])
+    m = None
+    for i in range(spec["warmup"]):
+        state, m = compiled(state, batches[i % 2], rng)
+    jax.block_until_ready(state)
+    times = []
+    for i in range(spec["steps"]):
+        t = time.perf_counter()
+        state, m = compiled(state, batches[i % 2], rng)
+        jax.block_until_ready((state, m))
+        times.append(time.perf_counter() - t)
+    if m is not None:
+        out["loss"] = float(m["train/loss"])
+    if times:
+        b, s, p = spec["batch"], spec["seq"], spec["preds"]
+        step_s = statistics.median(times)
+        flops = metrics_lib.model_flops_per_example(mcfg, s, p, nsp=built["model"].nsp)
+        peak, source = metrics_lib.peak_flops_per_device()
+        perf = metrics_lib.throughput(step_s, b, s, flops, peak, jax.device_count())
+        out.update(ms_per_step=1e3 * step_s, seq_per_s=perf["perf/seq_per_s"],
+                   mfu=perf["perf/mfu"], step_ms=[1e3 * t for t in times],
+                   flops_per_example=flops, peak_flops=peak, peak_source=source)
+    return state
+
+
+def trace_steps(built: dict, state, spec: dict, out: dict):
+    """`profile_steps` steps under jax.profiler.trace(create_perfetto_trace=True) into
+    spec["profile_dir"]; a failure is reported as out["profile_error"]."""
+    import jax
+
+    batches, rng, compiled = built["batches"], built["rng"], built["compiled"]
+    n = spec.get("profile_steps", 3)
+    out.update(profile_dir=spec["profile_dir"], profile_steps=n)
+    try:
+        with jax.profiler.trace(spec["profile_dir"], create_perfetto_trace=True):
+            for i in range(n):
+                with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                    state, m = compiled(state, batches[i % 2], rng)
+                    jax.block_until_ready((state, m))
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        out["profile_error"] = exc_line(e)
+    return state

@@ -1,0 +1,233 @@
+"""The suite: its flags, the cases and variants, and the order of the measurements.
+
+Cases (all MLM + NSP, AdamW, dropout on, synthetic full-length batches, ceil(0.15 * seq)
+MLM predictions per row: 20 at 128, 77 at 512, the same count for torch's labels):
+  base128   configs/bert_base.py,  batch 256 x 128
+  large128  configs/bert_large.py, batch 256 x 128
+  large512  configs/bert_large.py, batch 32 x 512
+
+Per case, each in its own child process (children.py): bert_jax's default row (the
+--profile_case one also traced), HF torch eager, the --variants rows that apply to the
+case, and torch.compile when --compile_cases names it. Before them, a version probe and the
+kernel check (kernel_check.py). Under --deadline_s, a measurement that would start with under
+a minute left is skipped (its cell says SKIP), so the table is always printed.
+
+--variants is ';'-separated, each entry `[case[+case...]:]key=value[,key=value]` with keys
+of the config's `model` section (no case prefix = every case; '' for none). The key
+`xla_flags` sets that row's XLA_FLAGS instead, space-separated, e.g.
+'base128:xla_flags=--xla_gpu_enable_triton_gemm=false'. The default rows: the XLA attention
+path and one fused Q/K/V product at base128, and BERT-Large keeping every activation
+(large128 remat=none, which fits one 80 GB GPU with the Pallas attention; see
+benchmarks/RESULTS.md).
+
+--smoke runs the same code paths on CPU with tiny sizes: configs/bert_tiny.py with the case
+config's scan_layers / remat, batch 4 x 32 (2 x 64 for large512), a tiny HF BertConfig of the
+same sizes, torch without autocast and without fused AdamW, torch.compile only when
+--compile_cases names a case, 1 warmup + 2 timed steps."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+from . import report as report_lib
+from .children import run_child, spawn
+from .common import CASES, SMOKE_CONFIG, SMOKE_SHAPES, preds_for
+from .profile import profile_section
+
+DEFAULT_VARIANTS = "base128:attention=xla;base128:fused_qkv=true;large128:remat=none"
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=None, help="report folder ($OUT, else /tmp/gpu_suite)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (20; smoke 2)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps (5; smoke 1)")
+    p.add_argument("--cases", default=",".join(CASES),
+                   help="comma-separated cases (default: all, %(default)s)")
+    p.add_argument("--variants", default=DEFAULT_VARIANTS,
+                   help="';'-separated [case[+case]:]key=value[,key=value] model overrides "
+                        "(key xla_flags: the row's XLA_FLAGS); '' for none "
+                        "(default %(default)s)")
+    p.add_argument("--compile_cases", default=None, help="torch.compile cases (large128; "
+                   "smoke: none; '' for none)")
+    p.add_argument("--profile_case", default="base128",
+                   help="case whose default row is traced ('' for none; %(default)s)")
+    p.add_argument("--profile_steps", type=int, default=3, help="traced steps (%(default)s)")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="bert_jax compute dtype / torch autocast (%(default)s)")
+    p.add_argument("--child_timeout", type=float, default=480.0,
+                   help="seconds per measurement (%(default)g)")
+    p.add_argument("--deadline_s", type=float, default=None,
+                   help="wall-clock budget of the whole run: later measurements are "
+                        "skipped so that the table is printed in time (e.g. 540 under a "
+                        "10-minute command limit)")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes")
+    return p
+
+
+def parse_value(text: str):
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text.strip()
+
+
+def parse_variants(text: str, cases: list) -> list:
+    """'[case[+case]:]k=v[,k=v];...' -> [(label, {key: value}, set of cases)]. The key
+    xla_flags (value: space-separated XLA flags) sets the child's XLA_FLAGS instead of a
+    model key."""
+    out = []
+    for entry in (e.strip() for e in text.split(";")):
+        if not entry:
+            continue
+        scope, only = entry, set(cases)
+        head, sep, rest = entry.partition(":")
+        if sep and "=" not in head:
+            only = {c.strip() for c in head.split("+") if c.strip()}
+            scope = rest
+        overrides = {}
+        for item in (i.strip() for i in scope.split(",")):
+            if not item:
+                continue
+            key, eq, value = item.partition("=")
+            if not eq:
+                raise SystemExit(f"--variants: {item!r} is not key=value")
+            key = key.strip()
+            key = key[len("model."):] if key.startswith("model.") else key
+            overrides[key] = value.strip() if key == "xla_flags" else parse_value(value)
+        label = ",".join(f"{k}={v}" for k, v in overrides.items())
+        out.append((label, overrides, only))
+    return out
+
+
+def resolve_args(p: argparse.ArgumentParser, args) -> list:
+    """Fills the smoke-dependent defaults and checks the case names; returns the cases."""
+    args.steps = args.steps if args.steps is not None else (2 if args.smoke else 20)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 5)
+    if args.compile_cases is None:
+        args.compile_cases = "" if args.smoke else "large128"
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    unknown = [c for c in cases if c not in CASES]
+    if unknown:
+        p.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
+    if args.profile_case and args.profile_case not in CASES:
+        p.error(f"unknown --profile_case {args.profile_case!r}; known: {list(CASES)}")
+    return cases
+
+
+class Suite:
+    """Runs the children in order under --deadline_s and records their rows."""
+
+    def __init__(self, args, report: report_lib.Report, t0: float):
+        self.args, self.report, self.t0 = args, report, t0
+        self.rows = report.data["rows"]
+        self.trace_root = tempfile.mkdtemp(prefix="gpu_suite_trace_")
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def spawn_within(self, spec: dict) -> dict:
+        """spawn() under --deadline_s: the child's timeout is cut to the time left, and a
+        measurement that would start with less than a minute left is skipped (its cell says
+        so), so that a run under a command's time limit still prints its table."""
+        timeout, deadline = self.args.child_timeout, self.args.deadline_s
+        if deadline:
+            left = deadline - self.elapsed() - 15
+            if left < 60:
+                return {"error": f"skipped: --deadline_s={deadline:g} reached", "wall_s": 0.0}
+            timeout = min(timeout, left)
+        return spawn(spec, timeout, self.report)
+
+    def shape(self, case: str) -> tuple:
+        cfg, batch, seq = CASES[case]
+        return (cfg,) + (SMOKE_SHAPES[case] if self.args.smoke else (batch, seq))
+
+    def spec(self, kind: str, case: str, **extra) -> dict:
+        cfg, batch, seq = self.shape(case)
+        a = self.args
+        return {"kind": kind, "config": cfg, "batch": batch, "seq": seq,
+                "preds": preds_for(seq), "steps": a.steps, "warmup": a.warmup,
+                "dtype": a.dtype, "smoke": a.smoke, "overrides": {}, **extra}
+
+    def measure(self, kind: str, case: str, variant: str, **extra) -> dict:
+        """One row: its child's result with the case, kind, variant and shape."""
+        spec = self.spec("torch" if kind.startswith("torch") else "jax", case, **extra)
+        spec["overrides"] = dict(spec["overrides"])
+        spec["xla_flags"] = spec["overrides"].pop("xla_flags", "")
+        r = self.spawn_within(spec)
+        r.update(case=case, kind=kind, variant=variant, batch=spec["batch"], seq=spec["seq"],
+                 preds=spec["preds"], config=SMOKE_CONFIG if self.args.smoke else spec["config"],
+                 overrides=spec["overrides"], xla_flags=spec["xla_flags"])
+        self.rows.append(r)
+        report_lib.measurement(self.report, r, self.elapsed())
+        return r
+
+    def profile_spec(self, case: str) -> dict:
+        return {"profile_dir": os.path.join(self.trace_root, case),
+                "profile_steps": self.args.profile_steps}
+
+    def run_cases(self, cases: list, variants: list) -> dict | None:
+        """Every case's rows; returns the profiled row's result (None without one)."""
+        a, profiled = self.args, None
+        compile_cases = {c.strip() for c in a.compile_cases.split(",") if c.strip()}
+        for case in cases:
+            prof = self.profile_spec(case) if case == a.profile_case else {}
+            r = self.measure("bert_jax", case, "default", **prof)
+            if prof:
+                profiled = r
+            self.measure("torch_eager", case, "eager")
+            for label, overrides, only in variants:
+                if case in only:
+                    self.measure("bert_jax", case, label, overrides=overrides)
+            if case in compile_cases:
+                self.measure("torch_compile", case, "compile", compile=True)
+        if a.profile_case and a.profile_case not in cases and a.profile_case in CASES:
+            profiled = self.spawn_within(self.spec("jax", a.profile_case, steps=0, warmup=2,
+                                                   **self.profile_spec(a.profile_case)))
+        return profiled
+
+
+def main(argv=None, description: str = "") -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser(description)
+    args = p.parse_args(argv)
+    if args.child:
+        run_child(json.loads(args.child))
+        return 0
+    t0 = time.perf_counter()
+    cases = resolve_args(p, args)
+    variants = parse_variants(args.variants, cases)
+    out_dir = args.out or os.environ.get("OUT") or "/tmp/gpu_suite"
+    os.makedirs(out_dir, exist_ok=True)
+    report = report_lib.Report(out_dir)
+    suite = Suite(args, report, t0)
+    info = suite.spawn_within({"kind": "info", "smoke": args.smoke})
+    report_lib.header(report, info, args, argv)
+    report.print()
+    report_lib.kernel_checks(report, suite.spawn_within({"kind": "check", "smoke": args.smoke}))
+    report.print()
+    report.print("== Measurements (each in its own process) ==")
+    profiled = suite.run_cases(cases, variants)
+    report.print()
+    report_lib.results(report, suite.rows, cases, info, args.steps)
+    keep = bool(args.profile_case) and profile_section(report, args.profile_case, profiled)
+    if not keep:
+        shutil.rmtree(suite.trace_root, ignore_errors=True)
+    report.print()
+    report.print(f"total {suite.elapsed():.0f} s; report, rows and child logs under "
+                 f"{out_dir} (gpu_suite.txt, gpu_suite.json, gpu_suite_children.log)")
+    report.log.close()
+    return 0
