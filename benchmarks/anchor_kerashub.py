@@ -1,5 +1,5 @@
-r"""The issue's JAX reference point, measured on this machine: one float32 AdamW step of
-KerasHub's BertMaskedLM (BERT-Base, MLM only, dropout 0.1) on the JAX backend at batch 8 x 128.
+r"""A JAX reference point on a CPU: one float32 AdamW step of KerasHub's BertMaskedLM
+(BERT-Base, MLM only, dropout 0.1) on the JAX backend at batch 8 x 128.
 
     python benchmarks/anchor_kerashub.py [--steps=5]
     python benchmarks/anchor_kerashub.py --interleave --steps=9    # ratio to our step

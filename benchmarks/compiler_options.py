@@ -1,5 +1,5 @@
 r"""The trainer's step compiled under several sets of XLA compiler options, alternated step
-by step in one process: which options make this machine's step faster.
+by step in one process: which options make the step faster on the host that runs it.
 
     python benchmarks/compiler_options.py --config=configs/bert_base.py --batch=8 --seq=128 \
         --variant='ynn_dot_only:xla_cpu_experimental_ynn_fusion_type=LIBRARY_FUSION_TYPE_DOT' \
@@ -15,20 +15,11 @@ turn, on the same state, and the script prints per variant the median and best s
 its ratio to the default's median, and the loss of its steps (the numbers differ with the
 data order only, unless an option changes the arithmetic). Taking one variant's step
 after another's on the shared state keeps machine noise out of the ratios, which separate
-runs of this 2-core VM do not (up to 15%).
+runs on a shared CPU do not.
 
-Measured on the 2-core development VM (2026-11-22, jax 0.10.2, BERT-Base, batch 8 x 128,
-float32, 3-4 rounds; ratios of medians to the default's): XLA:CPU runs the matrix
-products as YNNPACK fusions (`__ynn_fusion` in the compiled HLO, 684 in the step), and
-every other dot backend was slower: Eigen alone (`xla_cpu_experimental_ynn_fusion_type=`)
-1.24x, XNNPACK dots (`xla_cpu_experimental_xnn_fusion_type=LIBRARY_FUSION_TYPE_DOT`, YNN
-off) 1.11x, oneDNN dots (`xla_cpu_experimental_onednn_fusion_type=LIBRARY_FUSION_TYPE_DOT`,
-YNN off) 1.13x, oneDNN custom calls (`xla_cpu_use_onednn=true;
-xla_cpu_experimental_onednn_custom_call=true`, YNN off) 1.07x. Within the rounds' spread
-(up to 10% on this VM), so not told apart from the default: `xla_cpu_use_onednn=true`
-alone 0.97x, YNN for dots only 0.98-0.99x, the sequential scheduler
-(`xla_cpu_enable_concurrency_optimized_scheduler=false`) 1.09x, single-threaded Eigen
-(`xla_cpu_multi_thread_eigen=false`) 1.08x.
+Read a ratio within the spread of the rounds' step times as no difference. The XLA:CPU dot
+backends compared so far, and their figures, are in benchmarks/RESULTS.md ("XLA:CPU dot
+backends").
 """
 
 from __future__ import annotations

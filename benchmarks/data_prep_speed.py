@@ -13,9 +13,10 @@ and the largest single process).
     python benchmarks/data_prep_speed.py                      # 1 and 2 workers on the 4x corpus
     python benchmarks/data_prep_speed.py --workers=2 --repeat=1,4   # memory must not grow
 
-Anchor (the original google-research/bert tool, 2-core machine): ~2,300 instances/s and
-1.1 GB peak RSS on the 1x corpus, growing with the corpus. Target: >= 35,000 instances/s
-with 2 workers and <= 500 MB peak RSS. The machine is shared: timings are noisy.
+Target: >= 35,000 instances/s with 2 workers and <= 500 MB peak RSS. On a shared machine
+the wall-clock figures are noisy; instances per CPU-second move less. The figures measured
+so far, and the original google-research/bert tool's as an anchor, are in
+benchmarks/RESULTS.md ("data_prep speed and memory").
 """
 
 from __future__ import annotations

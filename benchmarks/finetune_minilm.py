@@ -13,17 +13,17 @@ squad: SQuAD v1.1 JSON, max_seq_length 96, doc_stride 48, max_query_length 24,
        max_answer_length 10, batch 16, 4 epochs (84 steps), lr 3e-4: a few CPU minutes want
        more, smaller steps than the paper's batch 32, and this 6-layer model a higher lr
        than BERT-Base's grid (at 1e-4-2e-4 it learns the answer format but not yet the
-       quote matching in 84 steps: dev F1 35-57). The outcome depends on the seed far
-       more than on anything else: seeds 0-3 (train.seed; head init, data order, dropout)
-       scored dev F1 89.9 / 49.0 / 54.9 / 53.4 with flax's dropout masks and 74.9 / 58.9 /
-       65.3 / 50.9 with the hash masks (the default); batch 8 (168 steps) or 8 epochs
-       did not lift the low seeds (55.2 for seed 1, 58.3 for seed 3); random init: 28.
+       quote matching in 84 steps). The outcome depends on the seed (train.seed: head
+       init, data order, dropout) far more than on anything else: compare settings over
+       several seeds.
 ner:   CoNLL columns (IOB1), character names tagged I-PER, max_seq_length 64, batch 32,
        4 epochs (40 steps), lr 3e-4 (at 5e-5, 30 steps, it still tags everything O).
 choice: SWAG's CSV layout through configs/swag.py ("which ending quotes the speech?", 4
        endings, tests/tasks/data/choice), max_seq_length 48, the paper's batch 16, 3 epochs
-       (60 steps), lr 1e-4. Measured 2026-11-22 on the 2-core VM: dev accuracy 1.000 from
-       the pretrained encoder, 0.4375 from random init (chance 0.25), ~4 min each.
+       (60 steps), lr 1e-4.
+
+The dev scores measured so far are in benchmarks/RESULTS.md ("Fine-tuning MiniLM on the
+authored sets").
 """
 
 import argparse

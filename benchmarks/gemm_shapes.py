@@ -1,7 +1,7 @@
 r"""Every matrix product of one BERT-Base encoder layer's training step, XLA against
 PyTorch's CPU GEMM (MKL), shape by shape and alternated in one process.
 
-    taskset -c 0 python benchmarks/gemm_shapes.py            # one core: the steadiest figures
+    taskset -c 0 python benchmarks/gemm_shapes.py    # pinned to CPU 0: the steadiest figures
     python benchmarks/gemm_shapes.py --threads=2
 
 Tokens T = batch x seq (8 x 128 by default), H = 768, F = 3072, 12 heads of 64. For each
@@ -9,11 +9,10 @@ product of the forward pass, the input gradients (dX) and the weight gradients (
 six batched attention products, it prints the best of --rounds timings for one
 `lax.dot_general` compiled by XLA (whatever dot backend this jaxlib picks; pass XLA flags in
 XLA_FLAGS) and for the same product in torch (transposes as strided views, which MKL reads
-directly), then both totals for 12 layers. Measured on the 2-core development VM
-(2026-11-21, one core): XLA 64-105 GFLOP/s on the dense products against torch's 107-127,
-6.99 s against 4.85 s of GEMM per 12-layer step; this, not the framework around it, is what
-separates a CPU step of ours from PyTorch's. Needs torch (the test extra installs a CPU
-build); without it only XLA's figures are printed.
+directly), then both totals for 12 layers: the ratio of the totals is the part of the gap
+between a CPU step of ours and PyTorch's that the dot kernels alone explain. Needs torch (the
+test extra installs a CPU build); without it only XLA's figures are printed. Figures
+measured so far: benchmarks/RESULTS.md ("Matrix products shape by shape").
 """
 
 from __future__ import annotations

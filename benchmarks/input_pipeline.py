@@ -82,8 +82,8 @@ def rate(iterator, batch, seconds, warmup=20):
 def ceiling(pattern, seq, batch):
     spec = tfrecord.parse_spec(seq, PREDICTIONS[seq])
     files = tf.io.gfile.glob(pattern)
-    # Files read one after the other: on this 2-core machine that is faster than
-    # num_parallel_reads=AUTOTUNE (183k vs 65k examples/s in one run at length 128).
+    # Files read one after the other: with few cores that is faster than
+    # num_parallel_reads=AUTOTUNE (figures in benchmarks/RESULTS.md, "Input pipeline choices").
     ds = (tf.data.TFRecordDataset(files).repeat()
           .batch(batch).map(lambda s: tf.io.parse_example(s, spec),
                             num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))

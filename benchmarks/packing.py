@@ -1,5 +1,5 @@
 r"""Packed against unpacked pre-training on the sample corpus: real-token throughput, side
-by side in one process (issue 19).
+by side in one process.
 
     python benchmarks/packing.py                                    # CPU: BERT-Tiny, 128 + 512
     python benchmarks/packing.py --config=configs/bert_base.py --batch=64 --dtype=bfloat16
@@ -15,13 +15,11 @@ its median step time, rows/s, real (non-padding) tokens/s, padding and MFU on re
 tokens/s. The attention path is the config's `model.attention` (auto: XLA on CPU, the
 Pallas kernel on a GPU for both). On a GPU, run it with a larger model and batch.
 
-Measured on the 2-core development VM (2026-11-24, load average ~4.5 from other sessions,
-BERT-Tiny float32, batch 16, dupe factor 1), medians of 10 alternated steps: at 512, 2,851 /
-2,891 ms per unpacked / packed step, 2,065 / 2,773 real tokens/s (1.343x; 32.0% -> 2.1%
-padding, 956 -> 664 rows for the corpus); at 128, 211 / 230 ms, 9,158 / 8,811 (0.962x;
-6.5% -> 1.9%). A run of 3 steps each gave 1.524x and 1.054x. BERT-Tiny's decoder over
-30,522 words dominates its step and a packed row has K more MLM slots, so at 128 there is
-little to win. The README's "Packed pre-training" section has them too.
+A ratio above 1 means packing moved more real tokens per second. It grows with the padding
+packing removes and shrinks with the extra MLM slots a packed row carries: with BERT-Tiny,
+whose decoder over 30,522 words dominates its step, there is little to win where there was
+little padding. The figures measured so far are in benchmarks/RESULTS.md
+("Packing: real tokens per second").
 """
 
 from __future__ import annotations

@@ -5,33 +5,15 @@ r"""Time one pre-training optimizer step (MLM + NSP, forward + backward + AdamW 
 The exact jitted, sharded step the trainer runs (bert_jax.train.step), on synthetic
 batches, all local devices in one data-parallel mesh. Prints compile time, the median of
 --steps timed steps, seq/s, tokens/s and MFU (model FLOPs / peak FLOP/s; the peak is the
-device table's bf16 figure on accelerators, and on CPU a measured float32 matmul ceiling of
-this machine, printed as well). Anything else on the machine slows the result: check
-`uptime` first.
+device table's bf16 figure on accelerators, and on CPU a float32 matmul ceiling measured at
+start-up on the host that runs it, printed as well). Anything else running on the host slows
+the result: check `uptime` first.
 
-Last measured on the 2-core development VM (2026-11-21), BERT-Base, batch 8 x 128, float32
-AdamW, MLM + NSP, against Hugging Face PyTorch BertForPreTraining alternated step by step in
-one process (`benchmarks/anchor_torch.py --interleave`; separate processes differ by up to
-15% on this VM): medians of 8-9 steps, ours / torch = 6.20 / 6.41 s, 5.93 / 6.33 s and
-6.86 / 6.38 s in three runs (0.94-1.08x). Dropping the select of old against new state when
-the run stops on a non-finite step (the default) took 0.6 s off our step (6.80 s with it in
-the first run). That is parity, not the 0.745x of the issue's target: two thirds of our
-step are XLA:CPU dot kernels, and on the FFN's [1024, 768] x [768, 3072] product MKL
-(through torch) reached 196-219 GFLOP/s against XLA:CPU's 146-169 (best of 6, interleaved).
-Shape by shape on one core (`benchmarks/gemm_shapes.py`), XLA:CPU's products of a BERT-Base
-layer take 1.44x MKL's time (6.75 against 4.70 s per 12-layer step). Against KerasHub's
-BertMaskedLM on the same XLA:CPU (`benchmarks/anchor_kerashub.py --interleave`, MLM only),
-our MLM + NSP step took 0.73x and 0.88x its time in two runs (6.29 / 8.58 s, 7.31 / 8.28 s).
-
-2026-11-22, jax 0.10.2: `anchor_torch.py --interleave` gave ours / torch = 7.17 / 5.65 s
-(1.27x) and 8.04 / 8.31 s (0.97x) in two runs, the VM's speed itself varying by half. A
-`jax.profiler` trace of a 5.3 s step puts 4.2 s in XLA:CPU's YNNPACK dot fusions: 440
-GFLOP at 104 GFLOP/s, where the same products compiled alone reach ~155 GFLOP/s (the nine
-Q / K / V products of one layer, forward and backward: 70 ms; one fused [768, 2304]
-product instead: 1.06x that). XLA's other dot backends were slower still
-(`benchmarks/compiler_options.py`). Later that day, interleaved (medians of 7 steps):
-ours / torch = 7.97 / 9.20 s (0.87x; single steps up to 27-30 s under the VM's steal), ours /
-KerasHub = 6.38 / 7.97 s (0.80x, `anchor_kerashub.py --interleave --steps=7`).
+A step time on a shared CPU is only comparable with one measured beside it: to compare with
+Hugging Face PyTorch or KerasHub, run `benchmarks/anchor_torch.py --interleave` or
+`benchmarks/anchor_kerashub.py --interleave`, which alternate their step with this one in
+one process. The figures measured so far are in benchmarks/RESULTS.md ("The CPU step
+against PyTorch and KerasHub").
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ def _run(*args, cwd=REPO):
 
 
 def test_train_py_mistyped_config_key_is_one_line_naming_the_closest_key(tmp_path):
-    """The issue's newcomer: `--config.train.stpes` printed 53 lines of chained tracebacks
+    """A newcomer's typo: `--config.train.stpes` printed 53 lines of chained tracebacks
     (raised while absl parses flags, before main), the hint escaped on the last line."""
     args = ["launch/train.py", "--config=configs/bert_tiny.py", f"--workdir={tmp_path}",
             "--config.train.stpes=3"]

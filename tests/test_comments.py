@@ -1,8 +1,9 @@
-"""Comments and docstrings in the packages, the launchers and the configs keep the reason for a
-choice, not where it was measured: none names a particular machine's core count ("2-core",
-"two cores"), "this machine" / "this VM", or an issue ("the issue", "issue 17"). Measured
-figures live in benchmarks/RESULTS.md. Strings the programs print are not comments: an error
-message may well say "copy it to this machine"."""
+"""Comments and docstrings in the packages, the launchers, the configs and the benchmark
+scripts keep the reason for a choice, not where it was measured: none names a particular
+machine's core count ("2-core", "two cores"), "this machine" / "this VM", or an issue ("the
+issue", "issue 17"). Measured figures live in benchmarks/RESULTS.md; a benchmark's docstring
+says what it measures, how to run it and how to read its output. Strings the programs print
+are not comments: an error message may well say "copy it to this machine"."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 from tests.conftest import REPO
 
-FOLDERS = ("bert_jax", "data_prep", "launch", "configs")
+FOLDERS = ("bert_jax", "data_prep", "launch", "configs", "benchmarks")
 
 _COUNT = r"(?:\d+|one|two|three|four|six|eight|twelve|sixteen)"
 FORBIDDEN = re.compile(

@@ -41,7 +41,7 @@ def _positive(text: str) -> float:
     return value
 
 
-@pytest.mark.slow  # ~60-90 s on the 2-core CI machine: a dozen child processes
+@pytest.mark.slow  # ~60-90 s on two cores: a dozen child processes
 def test_smoke_run(tmp_path):
     block = tmp_path / "no_tf" / "tensorflow"
     block.mkdir(parents=True)

@@ -1,8 +1,8 @@
 """The training and eval pipelines run without tf.data's autotuning model thread unless
 data.autotune: destroying a tuned iterator waited out that thread's current optimization
 period (doubling up to 60 s, TF 2.21), so a finished run lingered 4-60 s after its last line
-(bert_jax/data/tfrecord.py). Measured: 34 and 38 s with the model, 0.2 s without
-(the slow test below, `--config.data.autotune=True` against the default)."""
+(bert_jax/data/tfrecord.py). The slow test below runs `--config.data.autotune=True` against
+the default; its measured times are in benchmarks/RESULTS.md ("Input pipeline choices")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Faults around checkpoints end in one line with nothing lost (issue 18, points 1, 2, 3, 6):
-a full disk during an asynchronous save, a damaged latest checkpoint, a warm start from a
-run of another size, and checkpoint.every=0.
+"""Faults around checkpoints end in one line with nothing lost: a full disk during an
+asynchronous save, a damaged latest checkpoint, a warm start from a run of another size,
+and checkpoint.every=0.
 
 The loop runs here with a stand-in train step (`stand_in_step`: cheap to compile, yet a
 function of params, optimizer state, step, RNG and batch, so a resume that restores any of

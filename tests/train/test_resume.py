@@ -25,7 +25,7 @@ def _final_params(workdir, step):
     return tree
 
 
-@pytest.mark.slow  # three launches of launch/train.py: ~40 s on a quiet 2-core machine
+@pytest.mark.slow  # three launches of launch/train.py: ~40 s on two quiet cores
 @pytest.mark.filterwarnings("ignore:Sharding info not provided")
 def test_kill9_after_checkpoint_then_resume_is_bit_exact(tmp_path, compile_cache):
     straight, crashed = tmp_path / "straight", tmp_path / "crashed"

@@ -220,7 +220,7 @@ def _packed(batch, sizes):
 
 
 def test_a_packed_batch_gives_the_unpacked_losses_through_the_train_step(setup):
-    """The same sequences packed three, two and one to a row (issue 19): the losses,
+    """The same sequences packed three, two and one to a row: the losses,
     accuracies and gradient norm of the step on them unpacked; the same real work counted
     (input_stats), which the loop turns into real-token throughput, MFU and padding."""
     unpacked = random_batch(5, 8)             # 8 sequences of 8-16 tokens in rows of 16

@@ -84,8 +84,8 @@ def test_too_few_documents_for_a_held_out_set_and_bad_globs(tmp_path):
 
 
 def test_text_files_with_pack_train_on_packed_rows_and_evaluate_unpacked(tmp_path):
-    """data.pack (issue 19): the training TFRecords hold packed rows (data_prep --pack), the
-    held-out ones stay unpacked; a packed build has a directory of its own."""
+    """data.pack (packed pre-training): the training TFRecords hold packed rows (data_prep
+    --pack), the held-out ones stay unpacked; a packed build has a directory of its own."""
     (tmp_path / "t.txt").write_text("\n\n".join(_documents(45)) + "\n", encoding="utf-8")
     config = text_config(str(tmp_path / "t.txt"))
     config.data.max_seq_length, config.data.max_predictions_per_seq = 48, 7
