@@ -1,12 +1,19 @@
 """notebooks/*.ipynb run top to bottom on CPU in a real Jupyter kernel (nbclient), with the
 parameters cell's values replaced by small ones (as papermill would), and leave what they
 promise: a pre-training run with a falling loss and checkpoints, a model directory and a
-Hugging Face export that transformers agrees with, and a fine-tuned best_model/."""
+Hugging Face export that transformers agrees with, and a fine-tuned best_model/. They are
+committed with the outputs of a CPU run (notebooks/refresh_outputs.py), and the Colab one finds
+or clones the code by itself."""
 
 from __future__ import annotations
 
+import ast
+import configparser
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import nbclient
 import nbformat
@@ -68,16 +75,121 @@ def test_colab_notebook(tmp_path):
     assert "'to be, or not to [MASK]: that is the question.': [" in text
     assert (work / "finetune_tsv" / "best_model" / "bert_config.json").is_file()
     assert "dev/accuracy" in text, text[-3000:]
+    if importlib.util.find_spec("matplotlib"):  # the loss curve
+        executed = nbformat.read(tmp_path / "executed_bert_jax_colab.ipynb", as_version=4)
+        assert any("image/png" in out.get("data", {})
+                   for cell in executed.cells if cell.cell_type == "code"
+                   for out in cell.outputs)
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "notebooks").glob("*.ipynb")),
                          ids=lambda p: p.name)
-def test_notebooks_are_valid_clean_and_compile(path):
-    """Committed without outputs, one parameters cell, every code cell plain Python."""
+def test_notebooks_are_valid_and_saved_with_clean_outputs(path):
+    """One parameters cell, every code cell plain Python; saved run top to bottom with outputs
+    (every cell but the parameters one shows some, none an error), without progress-bar
+    redraws or timing metadata, and small."""
+    assert path.stat().st_size < 300_000
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert sum("parameters" in c.metadata.get("tags", []) for c in code) == 1
+    assert [c.execution_count for c in code] == list(range(1, len(code) + 1))
     for i, cell in enumerate(code):
-        assert not cell.outputs and cell.execution_count is None, f"cell {i} has outputs"
         compile(cell.source, f"{path.name} code cell {i}", "exec")
+        assert "execution" not in cell.metadata, f"cell {i} keeps timing metadata"
+        if "parameters" in cell.metadata.get("tags", []):
+            continue
+        assert cell.outputs, f"cell {i} has no saved output"
+        for out in cell.outputs:
+            assert out.output_type != "error", f"cell {i} saved an error"
+            text = out.get("text", "")
+            assert "\r" not in text and max(map(len, text.split("\n"))) < 2000, (
+                f"cell {i} keeps progress-bar redraws")
+
+
+def _colab():
+    return nbformat.read(REPO / "notebooks" / "bert_jax_colab.ipynb", as_version=4)
+
+
+def test_colab_notebook_shows_its_results():
+    """The saved outputs show what the notebook is for, and its first cell says where they
+    came from."""
+    nb = _colab()
+    assert "outputs saved below come from a CPU run" in nb.cells[0].source
+    text, images = [], 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            text.append(out.get("text", "") or out.get("data", {}).get("text/plain", ""))
+            images += "image/png" in out.get("data", {})
+    text = "\n".join(text)
+    for shown in ("held-out MLM accuracy", "OK: largest difference",
+                  "'to be, or not to [MASK]: that is the question.': [", "dev/accuracy"):
+        assert shown in text, shown
+    assert images == 1  # the loss curve
+    losses = [float(line.split()[3]) for line in text.splitlines()
+              if line.startswith("step ") and " loss " in line]
+    assert len(losses) >= 5 and losses[-1] < losses[0] - 1.0, losses
+
+
+def _parameter(name):
+    cell = next(c for c in _colab().cells if "parameters" in c.metadata.get("tags", []))
+    for node in ast.parse(cell.source).body:
+        if isinstance(node, ast.Assign) and [t.id for t in node.targets] == [name]:
+            return ast.literal_eval(node.value)
+    raise AssertionError(f"{name} is not set in the parameters cell")
+
+
+def test_colab_clones_the_repository_named_in_setup_cfg():
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    assert _parameter("BERT_JAX_GIT") == setup["metadata"]["url"]
+    assert setup["metadata"]["url"].startswith("https://")
+
+
+def _run_setup_cell(monkeypatch, cwd, git):
+    """Runs the Colab notebook's setup cell in this process from `cwd`, with subprocess.run
+    recorded (a `git clone` makes the folder) and bert_jax not importable; returns the
+    commands and the REPO it settled on."""
+    if os.path.isdir("/content"):  # CLONE_DIR would be /content/bert_jax
+        pytest.skip("in Colab")
+    source = next(c.source for c in _colab().cells if "def find_checkout" in c.source)
+    commands = []
+
+    def run(command, check):
+        commands.append(command)
+        if command[:2] == ["git", "clone"]:
+            (cwd.parent / "home" / "bert_jax").mkdir(parents=True)
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "bert_jax" else find_spec(name, *a))
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.setenv("HOME", str(cwd.parent / "home"))
+    monkeypatch.chdir(cwd)
+    namespace = {"BERT_JAX_GIT": git}
+    exec(compile(source, "setup cell", "exec"), namespace)
+    return commands, namespace["REPO"]
+
+
+def test_colab_setup_clones_and_installs_when_no_checkout_is_at_hand(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    url = _parameter("BERT_JAX_GIT")
+    commands, repo = _run_setup_cell(monkeypatch, tmp_path / "elsewhere", url)
+    clone = str(tmp_path / "home" / "bert_jax")
+    assert repo == clone
+    assert commands[0] == ["git", "clone", "--depth=1", url, clone]
+    assert commands[1][:6] == [sys.executable, "-m", "pip", "install", "-q", "-e"]
+    assert commands[1][6] == clone and len(commands) == 2
+
+
+def test_colab_setup_finds_the_checkout_it_sits_in(tmp_path, monkeypatch):
+    commands, repo = _run_setup_cell(monkeypatch, REPO / "notebooks", "")
+    assert repo == str(REPO)
+    assert [c[:4] for c in commands] == [[sys.executable, "-m", "pip", "install"]]
+
+
+def test_colab_setup_without_a_checkout_or_url_says_what_to_set(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(RuntimeError, match="BERT_JAX_GIT"):
+        _run_setup_cell(monkeypatch, tmp_path / "elsewhere", "")
