@@ -92,3 +92,61 @@ def test_a_moved_key_names_its_new_place(spec, old, new, tmp_path):
                    f"    return config\n")
     with pytest.raises(ConfigError, match=message):
         load_config(str(own))
+
+
+def _setup_cfg_requirements() -> dict:
+    """{where: [Requirement]} for install_requires and each extra of setup.cfg."""
+    import configparser
+
+    from packaging.requirements import Requirement
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    sections = {"install_requires": cfg["options"]["install_requires"]}
+    sections.update({f"[{k}]": v for k, v in cfg["options.extras_require"].items()})
+    return {where: [Requirement(line) for line in text.splitlines() if line.strip()]
+            for where, text in sections.items()}
+
+
+def _constraints() -> dict:
+    """{canonical name: (line, Version)} of constraints.txt, whose lines are name==version."""
+    from packaging.utils import canonicalize_name
+    from packaging.version import Version
+
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            match = re.fullmatch(r"([A-Za-z0-9._-]+)==([0-9][^\s;+]*)", line)
+            assert match, f"constraints.txt: {line!r} is not name==version (no local +tag)"
+            name = canonicalize_name(match.group(1))
+            assert name not in pins, f"constraints.txt pins {name} twice"
+            pins[name] = (line, Version(match.group(2)))
+    return pins
+
+
+def test_constraints_pin_every_requirement_inside_its_range():
+    """CI installs with constraints.txt: each package setup.cfg names (install_requires and
+    every extra) is pinned there, at a version its range in setup.cfg allows."""
+    from packaging.utils import canonicalize_name
+
+    pins = _constraints()
+    requirements = _setup_cfg_requirements()
+    assert {"install_requires", "[test]", "[tpu]", "[gpu]", "[tensorboard]"} <= set(requirements)
+    for where, reqs in requirements.items():
+        for req in reqs:
+            name = canonicalize_name(req.name)
+            assert name in pins, f"setup.cfg {where} {req} has no line in constraints.txt"
+            line, version = pins[name]
+            assert req.specifier.contains(version, prereleases=True), (
+                f"constraints.txt {line} is outside setup.cfg {where} {req}")
+    # The bounds the code's use of moving internals needs (see setup.cfg's comment).
+    bounded = {canonicalize_name(r.name): r for r in requirements["install_requires"]}
+    for name in ("jax", "jaxlib", "flax", "orbax-checkpoint"):
+        assert any(s.operator == "<" for s in bounded[name].specifier), bounded[name]
+
+
+def test_the_test_command_installs_with_the_constraints():
+    assert " -c constraints.txt " in _readme_test_command()
+    # torch is named on the command line for the CPU build; the pin is the same.
+    _, torch = _constraints()["torch"]
+    assert f"torch=={torch} " in _readme_test_command()
