@@ -14,8 +14,11 @@ A model directory (bert_config.json + params/ + vocab.txt) is what `train.init_c
 and `launch/extract_features.py` take. `from-workdir` makes one from a run of
 launch/train.py (its latest checkpoint, or WORKDIR/checkpoints/<step>): the encoder and the
 heads it trained, without the optimizer state. `to-hf`, `to-tf` and `verify` take either a
-model directory or such a run. Every command checks names and shapes against the config
-before reading tensors, writes to a temporary name and renames at the end. A bad input ends
+model directory or such a run. `to-hf` writes the transformers class of the head, its label
+names and the tokenizer's casing as the model directory's task.json records them (a
+fine-tuning run's best_model/ has one), and the tokenizer files beside vocab.txt. Every
+command checks names and shapes against the config before reading tensors, writes to a
+temporary name and renames at the end. A bad input ends
 in one line, `error: ...` (exit 2; --verbose adds the traceback).
 """
 
@@ -81,7 +84,8 @@ def cmd_from_hf(a):
     params, config, report, vocab = hf_files.read_hf_dir(a.input, progress=True)
     vocab = a.vocab_file or vocab
     _vocab_check(vocab, config, os.path.join(a.input, "config.json"))
-    model_dir.save_model_dir(a.output, params, config, vocab_file=vocab)
+    model_dir.save_model_dir(a.output, params, config, vocab_file=vocab,
+                             task=hf_files.hf_task(a.input))
     print(report.summary())
     print(f"wrote {a.output} ({_count(params)} parameters"
           f"{', with vocab.txt' if vocab else ', no vocab.txt (pass --vocab_file)'})")
@@ -93,7 +97,7 @@ def cmd_from_workdir(a):
     vocab = a.vocab_file or source.vocab
     _vocab_check(vocab, source.config, f"the run's config ({a.workdir})")
     config, params = sources.unscanned(source)
-    model_dir.save_model_dir(a.output, params, config, vocab_file=vocab)
+    model_dir.save_model_dir(a.output, params, config, vocab_file=vocab, task=source.task)
     print(f"wrote {a.output} ({_count(params)} parameters; heads: "
           f"{', '.join(k for k in params if k != 'bert') or 'none'}"
           f"{'; with vocab.txt' if vocab else '; no vocab.txt (pass --vocab_file)'})")
@@ -103,12 +107,25 @@ def _load(checkpoint):
     return sources.load_model(checkpoint)
 
 
+def _warn(message):
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
 def cmd_to_hf(a):
     _refuse_existing(a.output)
-    params, config, vocab = _load(a.checkpoint)
-    hf_files.write_hf_dir(a.output, params, config, vocab_file=vocab)
-    print(f"wrote {a.output}: model.safetensors + config.json "
-          f"(heads: {', '.join(k for k in params if k != 'bert') or 'none'})")
+    source = sources.open_source(a.checkpoint, "--checkpoint")
+    config, params = sources.unscanned(source)
+    vocab = _vocab_check(a.vocab_file or source.vocab, config, a.checkpoint)
+    head, warning = hf_files.hf_head(params, source.task)
+    if warning:
+        _warn(warning)
+    if not vocab:
+        _warn(f"{a.checkpoint} has no vocab.txt: no tokenizer files written (AutoTokenizer "
+              f"will not load); pass --vocab_file=VOCAB to include them")
+    hf_files.write_hf_dir(a.output, params, config, vocab_file=vocab, task=source.task)
+    labels = f", labels {head['labels']}" if head["labels"] else ""
+    print(f"wrote {a.output}: {head['architecture']}{labels}; model.safetensors + config.json"
+          f"{' + tokenizer files' if vocab else ''}")
 
 
 def cmd_to_tf(a):
@@ -176,6 +193,9 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, parents=[common], help=f"model directory (or run) -> {what}")
         s.add_argument("--checkpoint", required=True, help=checkpoint_help)
         s.add_argument("--output", required=True, help="directory to create")
+        if name == "to-hf":
+            s.add_argument("--vocab_file", help="vocab.txt (default: the checkpoint's); "
+                                                "written with the tokenizer's config files")
         s.set_defaults(fn=fn)
 
     s = sub.add_parser("verify", parents=[common],

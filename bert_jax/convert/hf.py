@@ -20,7 +20,8 @@ HF_CONFIG_EXTRA_KEYS = (
     "_name_or_path", "architectures", "model_type", "pad_token_id", "bos_token_id",
     "eos_token_id", "position_embedding_type", "use_cache", "classifier_dropout",
     "gradient_checkpointing", "transformers_version", "torch_dtype", "dtype", "id2label",
-    "label2id", "problem_type", "directionality", "pooler_fc_size", "pooler_num_attention_heads",
+    "label2id", "num_labels", "problem_type", "directionality", "pooler_fc_size",
+    "pooler_num_attention_heads",
     "pooler_num_fc_layers", "pooler_size_per_head", "pooler_type", "output_past",
     "tie_word_embeddings", "is_decoder", "add_cross_attention", "chunk_size_feed_forward",
 )

@@ -142,31 +142,136 @@ def hf_vocab(directory: str) -> Optional[str]:
     return vocab if os.path.isfile(vocab) else None
 
 
-def config_to_hf(config: BertConfig, params: Mapping) -> dict:
-    """config.json for the heads present: BertForPreTraining when both pre-training heads
-    are there, BertModel for a bare encoder."""
+# Our task kinds -> the transformers class of a model whose head is "classifier" or
+# "qa_outputs" (both pre-training heads: BertForPreTraining; MLM alone: BertForMaskedLM).
+ARCHITECTURES = {"glue": "BertForSequenceClassification",
+                 "ner": "BertForTokenClassification",
+                 "squad": "BertForQuestionAnswering",
+                 "choice": "BertForMultipleChoice"}
+KINDS = {v: k for k, v in ARCHITECTURES.items()}
+KINDS.update(BertForPreTraining="pretraining", BertForMaskedLM="pretraining")
+SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
+                  "cls_token": "[CLS]", "mask_token": "[MASK]"}
+TOKENIZER_CONFIG = "tokenizer_config.json"
+SPECIAL_TOKENS_MAP = "special_tokens_map.json"
+
+
+def hf_head(params: Mapping, task: Optional[Mapping] = None) -> tuple[dict, Optional[str]]:
+    """What transformers calls the model of `params`, from its heads and the task record
+    (model_dir.task_record) of the model directory: ({"architecture", "labels" (class names
+    or None), "problem_type" (or None)}, a warning or None). Without a record a
+    "classifier" head cannot be told apart (sentence, token or choice): it is exported as
+    a sequence classifier named LABEL_i, and the warning says so."""
+    kind = (task or {}).get("kind")
+    labels = (task or {}).get("labels")
+    head = {"architecture": "BertModel", "labels": None, "problem_type": None}
+    if "mlm" in params:
+        head["architecture"] = "BertForPreTraining" if "nsp" in params else "BertForMaskedLM"
+        return head, None
+    if "qa_outputs" in params:
+        head["architecture"] = "BertForQuestionAnswering"
+        return head, None
+    if "classifier" not in params:
+        return head, None
+    n = int(np.shape(params["classifier"]["dense"]["bias"])[0])
+    warning = None
+    if kind not in ("glue", "ner", "choice"):
+        warning = (f"no task record ({kind or 'no task.json'}) says what the classifier was "
+                   f"trained for: exported as BertForSequenceClassification with labels "
+                   f"LABEL_0..LABEL_{n - 1}")
+        kind, labels = "glue", None
+    head["architecture"] = ARCHITECTURES[kind]
+    if kind == "choice":
+        if n != 1:
+            raise ConversionError(f"a multiple-choice head has one output, this classifier "
+                                  f"has {n}")
+        return head, warning
+    if labels is not None and len(labels) != n:
+        raise ConversionError(f"the task record names {len(labels)} labels {list(labels)} "
+                              f"but the classifier has {n} outputs")
+    head["labels"] = list(labels) if labels is not None else [f"LABEL_{i}" for i in range(n)]
+    if kind == "glue":
+        head["problem_type"] = ("regression" if n == 1 and labels is None
+                                else "single_label_classification")
+    return head, warning
+
+
+def config_to_hf(config: BertConfig, params: Mapping, task: Optional[Mapping] = None) -> dict:
+    """config.json for the heads present and the task they were trained for (`hf_head`):
+    the architecture, and for classifiers num_labels, id2label / label2id and (sequence
+    classification) problem_type."""
     if config.pre_ln:
         raise ConversionError("a pre-LN model has no transformers BERT equivalent (post-LN)")
-    arch = "BertModel"
-    if "mlm" in params:
-        arch = "BertForPreTraining" if "nsp" in params else "BertForMaskedLM"
-    elif "qa_outputs" in params:
-        arch = "BertForQuestionAnswering"
-    d = hf.config_to_hf(config, architectures=(arch,))
-    if "classifier" in params:
-        d["architectures"] = ["BertForSequenceClassification"]
-        n = int(np.shape(params["classifier"]["dense"]["bias"])[0])
-        d["id2label"] = {str(i): f"LABEL_{i}" for i in range(n)}
-        d["label2id"] = {f"LABEL_{i}": i for i in range(n)}
+    head, _ = hf_head(params, task)
+    d = hf.config_to_hf(config, architectures=(head["architecture"],))
+    if head["labels"] is not None:
+        d["num_labels"] = len(head["labels"])
+        d["id2label"] = {str(i): name for i, name in enumerate(head["labels"])}
+        d["label2id"] = {name: i for i, name in enumerate(head["labels"])}
+    if head["problem_type"]:
+        d["problem_type"] = head["problem_type"]
     return d
 
 
+def tokenizer_files(config: BertConfig, do_lower_case: bool) -> dict[str, dict]:
+    """tokenizer_config.json and special_tokens_map.json of a WordPiece vocab.txt, for
+    transformers' BertTokenizer (AutoTokenizer): the casing (uncased strips accents too,
+    as our tokenizer does), the special tokens, the longest input the model takes."""
+    tokenizer_config = dict(SPECIAL_TOKENS, tokenizer_class="BertTokenizer",
+                            do_lower_case=bool(do_lower_case), strip_accents=None,
+                            tokenize_chinese_chars=True, do_basic_tokenize=True,
+                            model_max_length=int(config.max_position_embeddings),
+                            clean_up_tokenization_spaces=True)
+    return {TOKENIZER_CONFIG: tokenizer_config, SPECIAL_TOKENS_MAP: dict(SPECIAL_TOKENS)}
+
+
+def vocab_is_uncased(vocab_file: str) -> bool:
+    """Whether a vocab.txt holds no upper-case token (bracketed specials aside): Google's
+    uncased vocabularies do not, cased ones hold thousands."""
+    with paths.open_text(vocab_file) as f:
+        for line in f:
+            token = line.strip()
+            if token and not (token.startswith("[") and token.endswith("]")) and \
+                    token != token.lower():
+                return False
+    return True
+
+
+def hf_task(directory: str) -> Optional[dict]:
+    """The task record (model_dir.task_record) of a Hugging Face directory, from its
+    config.json (architecture, id2label, problem_type) and tokenizer_config.json (casing);
+    None for a bare encoder of unknown casing."""
+    from bert_jax.convert import model_dir
+
+    with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
+        d = json.load(f)
+    lower = None
+    tok = os.path.join(directory, TOKENIZER_CONFIG)
+    if os.path.isfile(tok):
+        with open(tok, encoding="utf-8") as f:
+            lower = json.load(f).get("do_lower_case")
+    kind = next((KINDS[a] for a in d.get("architectures") or () if a in KINDS), None)
+    if kind is None:
+        return None if lower is None else model_dir.task_record(
+            "pretraining", do_lower_case=lower)
+    labels = None
+    if kind in ("glue", "ner") and d.get("id2label"):
+        id2label = {int(k): v for k, v in d["id2label"].items()}
+        labels = [id2label[i] for i in sorted(id2label)]
+        if kind == "glue" and len(labels) == 1 and d.get("problem_type") in (
+                None, "regression"):
+            labels = None  # transformers' reading of one output: a regression
+    return model_dir.task_record(kind, labels, lower)
+
+
 def write_hf_dir(output: str, params: Mapping, config: BertConfig,
-                 vocab_file: Optional[str] = None) -> str:
-    """OUTPUT/model.safetensors + config.json (+ vocab.txt), loadable by transformers'
-    BertModel and BertFor* (the tied MLM decoder is written too, so loading reports no
-    missing keys). Written to a temporary directory and renamed; OUTPUT may be a URI
-    (gs://...). Returns OUTPUT."""
+                 vocab_file: Optional[str] = None, task: Optional[Mapping] = None) -> str:
+    """OUTPUT/model.safetensors + config.json (+ vocab.txt, tokenizer_config.json and
+    special_tokens_map.json with a vocabulary), loadable by transformers' AutoModelFor* of
+    the head (`hf_head`; the tied MLM decoder is written too, so loading reports no missing
+    keys) and AutoTokenizer. `task`: the model directory's task record (labels, casing;
+    without a recorded casing, the vocabulary's own tells it). Written to a temporary
+    directory and renamed; OUTPUT may be a URI (gs://...). Returns OUTPUT."""
     from safetensors.numpy import save_file
 
     output = paths.resolve(output)
@@ -176,7 +281,7 @@ def write_hf_dir(output: str, params: Mapping, config: BertConfig,
                                      hf._layout(config, "bert.")] + list(hf.HEAD_LAYOUT))
     if left:
         raise ConversionError(f"parameters with no Hugging Face name: {left[:10]}")
-    config_dict = config_to_hf(config, params)
+    config_dict = config_to_hf(config, params, task)
     state = hf.params_to_hf(params, config)
     with paths.staged_dir(output) as tmp:
         # transformers refuses safetensors files without a "format" in the metadata.
@@ -186,4 +291,11 @@ def write_hf_dir(output: str, params: Mapping, config: BertConfig,
             f.write("\n")
         if vocab_file:
             paths.copy_file(vocab_file, os.path.join(tmp, "vocab.txt"))
+            lower = (task or {}).get("do_lower_case")
+            if lower is None:
+                lower = vocab_is_uncased(vocab_file)
+            for name, content in tokenizer_files(config, lower).items():
+                with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                    json.dump(content, f, indent=2, sort_keys=True)
+                    f.write("\n")
     return output

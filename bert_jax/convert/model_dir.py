@@ -4,6 +4,9 @@
     DIR/params/            orbax checkpoint of the unscanned parameter tree:
                            {"bert": encoder, and any heads: "mlm", "nsp", "classifier", ...}
     DIR/vocab.txt          optional: the vocabulary the model was trained with
+    DIR/task.json          optional: what the heads were trained for (`task_record`):
+                           {"kind", "labels", "do_lower_case"}; `to-hf` picks the
+                           transformers class, label names and casing from it
 
 `python -m bert_jax.convert from-tf|from-hf|from-workdir` writes one; `train.init_checkpoint`
 and `launch/extract_features.py` read one (bert_jax.convert.sources, which also reads a
@@ -12,12 +15,14 @@ Hugging Face directory or a training run where a model directory is expected).
 
 from __future__ import annotations
 
+import json
 import os
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
 from bert_jax import paths
 from bert_jax.models.config import BertConfig
@@ -26,6 +31,22 @@ from bert_jax.models.params import unstack_layers
 CONFIG_NAME = "bert_config.json"
 PARAMS_NAME = "params"
 VOCAB_NAME = "vocab.txt"
+TASK_NAME = "task.json"
+TASK_KINDS = ("pretraining", "glue", "ner", "squad", "choice")
+
+
+def task_record(kind: str, labels: Optional[Sequence[str]] = None,
+                do_lower_case: Optional[bool] = None, name: str = "") -> dict:
+    """DIR/task.json's content. kind: "pretraining" (MLM / NSP heads, or none), "glue" (a sequence
+    classifier; labels None = a one-output regression such as STS-B), "ner" (a classifier
+    per token), "squad" (span start / end), "choice" (one score per choice); labels: the
+    class names in the order of the head's outputs; do_lower_case: the tokenizer's casing
+    (None: not known); name: the task's own name (e.g. "mrpc"), informative only."""
+    if kind not in TASK_KINDS:
+        raise ValueError(f"task kind {kind!r}; expected one of {list(TASK_KINDS)}")
+    return {"kind": kind, "name": name or "",
+            "labels": None if labels is None else [str(x) for x in labels],
+            "do_lower_case": None if do_lower_case is None else bool(do_lower_case)}
 
 
 def is_model_dir(path: str) -> bool:
@@ -34,8 +55,9 @@ def is_model_dir(path: str) -> bool:
 
 
 def save_model_dir(path: str, params: Any, config: BertConfig,
-                   vocab_file: Optional[str] = None) -> None:
-    """Writes params (unscanned or scanned: stored unscanned) + config (+ vocab).
+                   vocab_file: Optional[str] = None, task: Optional[dict] = None) -> None:
+    """Writes params (unscanned or scanned: stored unscanned) + config (+ vocab, + the
+    task record of `task_record`).
     Written under a temporary name and renamed, so a crash never leaves a half model dir.
     `path` may be local or a URI (gs://...)."""
     path = paths.resolve(path)
@@ -57,6 +79,9 @@ def save_model_dir(path: str, params: Any, config: BertConfig,
     config.replace(scan_layers=False).to_json_file(paths.join(tmp, CONFIG_NAME))
     if vocab_file:
         paths.copy_file(vocab_file, paths.join(tmp, VOCAB_NAME))
+    if task:
+        epath.Path(paths.join(tmp, TASK_NAME)).write_text(
+            json.dumps(task_record(**task), indent=2, sort_keys=True) + "\n")
     paths.rename(tmp, path)
 
 
@@ -64,6 +89,19 @@ def dir_vocab(path: str) -> Optional[str]:
     """DIR/vocab.txt of a model directory, if there is one."""
     vocab = os.path.join(path, VOCAB_NAME)
     return vocab if paths.is_file(vocab) else None
+
+
+def dir_task(path: str) -> Optional[dict]:
+    """DIR/task.json of a model directory (`task_record`'s fields), if there is one."""
+    where = paths.join(path, TASK_NAME)
+    if not paths.is_file(where):
+        return None
+    with paths.open_text(where) as f:
+        d = json.load(f)
+    try:
+        return task_record(**d)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def load_model_dir(path: str) -> tuple[dict, BertConfig]:

@@ -28,7 +28,7 @@ from etils import epath
 
 from bert_jax import paths
 from bert_jax.convert import model_dir
-from bert_jax.convert.hf_files import hf_vocab, read_hf_config, read_hf_dir
+from bert_jax.convert.hf_files import hf_task, hf_vocab, read_hf_config, read_hf_dir
 from bert_jax.data.checkpointing import InputStateHandler
 from bert_jax.models.config import BertConfig, from_config_dict
 from bert_jax.models.params import stack_layers, unstack_layers
@@ -39,7 +39,8 @@ class InitSource:
     """kind: "model_dir" | "hf" | "workdir". config: the checkpoint's model (from its small
     files). params: the numpy tree (model_dir, hf; layers unscanned), read on first use;
     step: the workdir checkpoint's step; saved_shapes: a workdir's parameter shapes as
-    saved (its own layer layout)."""
+    saved (its own layer layout); task: what its heads were trained for
+    (model_dir.task_record), if known."""
 
     path: str
     kind: str
@@ -48,6 +49,7 @@ class InitSource:
     read: Optional[Callable[[], dict]] = dataclasses.field(default=None, repr=False)
     step: Optional[int] = None
     saved_shapes: Optional[dict[str, tuple]] = None
+    task: Optional[dict] = None
 
     @functools.cached_property
     def params(self) -> Optional[dict]:
@@ -79,21 +81,39 @@ def open_source(path: str, what: str = "train.init_checkpoint") -> InitSource:
     if model_dir.is_model_dir(path):
         config = BertConfig.from_json_file(os.path.join(path, model_dir.CONFIG_NAME))
         return InitSource(path, "model_dir", config, model_dir.dir_vocab(path),
-                          read=lambda: model_dir.load_model_dir(path)[0])
+                          read=lambda: model_dir.load_model_dir(path)[0],
+                          task=model_dir.dir_task(path))
     if paths.is_file(os.path.join(path, "config.json")):
         return InitSource(path, "hf", read_hf_config(path), hf_vocab(path),
-                          read=lambda: read_hf_dir(path)[0])
+                          read=lambda: read_hf_dir(path)[0], task=hf_task(path))
     if locate(path) is not None:
         run = open_run(path, f"{what}={path}")
         shapes = {"/".join(str(getattr(k, "key", k)) for k in kp): tuple(v.shape)
                   for kp, v in jax.tree_util.tree_flatten_with_path(run.params)[0]}
         return InitSource(path, "workdir", from_config_dict(run.config["model"]),
                           run.vocab_file, read=run.read_params, step=run.step,
-                          saved_shapes=shapes)
+                          saved_shapes=shapes, task=run_task(run.config))
     raise FileNotFoundError(
         f"{what}: {path} is neither a model directory (bert_config.json + params/), a "
         "Hugging Face directory (config.json + weights), nor a training run (WORKDIR, "
         "WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
+
+
+def run_task(config: dict) -> Optional[dict]:
+    """The task record of a fine-tuning run's saved config (one with a `task` section, as
+    its best_model/ records it); None for a pre-training run, whose heads say what they
+    are."""
+    if not (config.get("task") or {}).get("kind"):
+        return None
+    import ml_collections
+
+    from bert_jax.models.config import ConfigError
+    from bert_jax.tasks.finetune import task_record
+
+    try:
+        return task_record(ml_collections.ConfigDict(config))
+    except (AttributeError, KeyError, ConfigError):  # a config from another version
+        return None
 
 
 def load_model(path: str, what: str = "--checkpoint") -> tuple[dict, BertConfig, Optional[str]]:

@@ -26,6 +26,7 @@ from absl import logging
 from etils import epath
 
 from bert_jax import paths
+from bert_jax.convert import model_dir
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.convert.sources import InitSource, open_source
 from bert_jax.data.tokenization import load_tokenizer
@@ -195,7 +196,8 @@ def _sweep(config, workdir, task, labeled, vocab, progress, after_step) -> dict:
         best_so_far = all(score > x["results"][main_set].get(key, float("nan"))
                           for x in runs[:-1])
         if best_so_far and config.sweep.save_best_model:
-            _save_best(workdir, outcome.params, task.model_config, vocab)
+            _save_best(workdir, outcome.params, task.model_config, vocab,
+                       task_record(config, task))
         if is_main:
             record = {"run": i, "seed": seed, "lr": lr}
             record.update({f"{name}/{k}": v for name, m in results.items()
@@ -256,7 +258,20 @@ def summarize(runs: list[dict], labeled: list[str], key: str) -> dict:
     return summary
 
 
-def _save_best(workdir, params, bert_config, vocab) -> None:
+def task_record(config, task=None) -> dict:
+    """What best_model/task.json records (model_dir.task_record): the task kind, the class
+    names in the order of the head's outputs (sentence and token classifiers; None for a
+    regression) and the tokenizer's casing, so that an export needs no flags. `task`:
+    config's task object (made from config when not given; nothing is read)."""
+    kind = str(config.task.kind)
+    if task is None:
+        task = task_from_config(config)
+    labels = getattr(task, "labels", None) if kind in ("glue", "ner") else None
+    return model_dir.task_record(kind, labels, bool(config.tokenizer.do_lower_case),
+                                 name=str(config.task.get("name", "") or ""))
+
+
+def _save_best(workdir, params, bert_config, vocab, task: Optional[dict] = None) -> None:
     """best_model/ as a model directory. Every process calls this: with several, the params
     are sharded across hosts, so each process gathers the full tree (one host copy of the
     params; fine-tuning sizes) and process 0 alone writes it, the others waiting at a
@@ -272,7 +287,7 @@ def _save_best(workdir, params, bert_config, vocab) -> None:
         path = paths.join(workdir, "best_model")
         paths.rmtree(path + ".new")
         save_model_dir(path + ".new", jax.tree_util.tree_map(np.asarray, host), bert_config,
-                       vocab)
+                       vocab, task=task)
         paths.rmtree(path)
         paths.rename(path + ".new", path)
     if jax.process_count() > 1:

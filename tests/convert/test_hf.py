@@ -41,7 +41,9 @@ def test_to_hf_reproduces_the_original_files_bit_exact(minilm_dir, minilm_state,
     original file's tensor, bit for bit, under BertForPreTraining's name."""
     out = str(tmp_path / "hf")
     main(["to-hf", f"--checkpoint={minilm_model_dir}", f"--output={out}"])
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "vocab.txt"]
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors",
+                                       "special_tokens_map.json", "tokenizer_config.json",
+                                       "vocab.txt"]
     written = load_file(os.path.join(out, "model.safetensors"))
     expected = {"bert." + k: v for k, v in minilm_state.items() if k != "embeddings.position_ids"}
     assert sorted(written) == sorted(expected)
