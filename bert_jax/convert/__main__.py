@@ -9,6 +9,8 @@ directories, both ways, and a numerical check against a reference implementation
     python -m bert_jax.convert to-hf --checkpoint=models/bert_base --output=hf/out
     python -m bert_jax.convert to-tf --checkpoint=models/bert_base --output=tf/out
     python -m bert_jax.convert verify --checkpoint=models/bert_base --reference=tf:tf/out
+    python -m bert_jax.convert to-savedmodel --checkpoint=/tmp/mrpc/best_model \
+        --output=serving/mrpc/1 --with_tokenizer
 
 A model directory (bert_config.json + params/ + vocab.txt) is what `train.init_checkpoint`
 and `launch/extract_features.py` take. `from-workdir` makes one from a run of
@@ -16,9 +18,10 @@ launch/train.py (its latest checkpoint, or WORKDIR/checkpoints/<step>): the enco
 heads it trained, without the optimizer state. `to-hf`, `to-tf` and `verify` take either a
 model directory or such a run. `to-hf` writes the transformers class of the head, its label
 names and the tokenizer's casing as the model directory's task.json records them (a
-fine-tuning run's best_model/ has one), and the tokenizer files beside vocab.txt. Every
-command checks names and shapes against the config before reading tensors, writes to a
-temporary name and renames at the end. A bad input ends
+fine-tuning run's best_model/ has one), and the tokenizer files beside vocab.txt;
+`to-savedmodel` writes a TF SavedModel for TF Serving (any head; --with_tokenizer adds
+signatures that take text). Every command checks names and shapes against the config before
+reading tensors, writes to a temporary name and renames at the end. A bad input ends
 in one line, `error: ...` (exit 2; --verbose adds the traceback).
 """
 
@@ -30,7 +33,7 @@ import sys
 import time
 
 from bert_jax import cli
-from bert_jax.convert import hf_files, model_dir, sources, verify
+from bert_jax.convert import hf_files, model_dir, savedmodel, sources, verify
 from bert_jax.convert import tf as tfc
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import UserError
@@ -136,6 +139,27 @@ def cmd_to_tf(a):
           f"(heads: {', '.join(k for k in params if k != 'bert') or 'none'})")
 
 
+def cmd_to_savedmodel(a):
+    _refuse_existing(a.output)
+    if a.with_tokenizer:
+        savedmodel.require_tensorflow_text()
+    params, config, vocab = _load(a.checkpoint)
+    kind = savedmodel.task_kind_of(a.checkpoint) if "classifier" in params else None
+    head = savedmodel.pick_head(params, a.head, kind)
+    if a.with_tokenizer:
+        _vocab_check(vocab, config, f"the checkpoint's config ({a.checkpoint})")
+    platforms = tuple(p.strip() for p in a.platforms.split(",") if p.strip())
+    print(f"exporting {savedmodel.HEAD_NAMES[head]} through jax2tf "
+          f"(platforms: {', '.join(platforms)})", flush=True)
+    info = savedmodel.export_savedmodel(
+        a.output, params, config, head, vocab_file=vocab, with_tokenizer=a.with_tokenizer,
+        do_lower_case=a.do_lower_case, max_seq_length=a.max_seq_length, platforms=platforms)
+    for name, (inputs, outputs) in info["signatures"].items():
+        print(f"signature {name}: {', '.join(inputs)} -> {', '.join(outputs)}")
+    print(f"wrote {a.output} ({_count(params)} parameters"
+          f"{', with vocab.txt' if vocab else ', no vocab.txt'})")
+
+
 def cmd_verify(a):
     try:
         diffs = verify.verify(a.checkpoint, a.reference, length=a.length)
@@ -197,6 +221,26 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--vocab_file", help="vocab.txt (default: the checkpoint's); "
                                                 "written with the tokenizer's config files")
         s.set_defaults(fn=fn)
+
+    s = sub.add_parser("to-savedmodel", parents=[common],
+                       help="model directory (or run) -> TF SavedModel for TF Serving")
+    s.add_argument("--checkpoint", required=True, help=checkpoint_help)
+    s.add_argument("--output", required=True,
+                   help="directory to create (TF Serving: MODEL_DIR/<version number>)")
+    s.add_argument("--head", default="auto", choices=("auto",) + savedmodel.HEADS,
+                   help="what to serve (default: the checkpoint's head; a fine-tuned "
+                        "'classifier' outside its run needs sequence, token or choice)")
+    s.add_argument("--with_tokenizer", action="store_true",
+                   help="also serve_text / serve_text_pair signatures taking strings "
+                        "(needs tensorflow-text)")
+    s.add_argument("--do_lower_case", action=argparse.BooleanOptionalAction, default=True,
+                   help="the tokenizer lower-cases (uncased models; --no-do_lower_case "
+                        "for cased)")
+    s.add_argument("--max_seq_length", type=int, default=None,
+                   help="the tokenizer's longest row (default: max_position_embeddings)")
+    s.add_argument("--platforms", default="cpu,cuda",
+                   help="platforms the exported program runs on (cpu, cuda, tpu)")
+    s.set_defaults(fn=cmd_to_savedmodel)
 
     s = sub.add_parser("verify", parents=[common],
                        help="compare our outputs with a reference implementation")
