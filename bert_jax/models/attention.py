@@ -11,7 +11,7 @@ from bert_jax.models import attention_ops
 from bert_jax.models.attention_ops import xla as xla_attention
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
-from bert_jax.models.layers import weight_init, zeros_init
+from bert_jax.models.layers import DenseGeneral, add_bias, weight_init, zeros_init
 
 
 class BertSelfAttention(nn.Module):
@@ -30,13 +30,13 @@ class BertSelfAttention(nn.Module):
         or for packed rows <int32>[batch, length] sequence ids (a token attends the tokens
         with its id; 0 = padding)."""
         c = self.config
-        proj = lambda name, **kw: nn.DenseGeneral(  # noqa: E731
+        proj = lambda name, dtype=c.compute_dtype, **kw: DenseGeneral(  # noqa: E731
             features=(c.num_attention_heads, c.head_dim), axis=-1,
-            dtype=c.compute_dtype, param_dtype=c.storage_dtype,
+            dtype=dtype, param_dtype=c.storage_dtype,
             kernel_init=weight_init(c, ("embed", "heads", "kv")),
             bias_init=zeros_init(("heads", "kv")), name=name, **kw)
         if c.fused_qkv:
-            q, k, v = _fused_projection(proj, x)
+            q, k, v = _fused_projection(proj, x, c.compute_dtype)
         else:  # [batch, length, heads, kv] each
             q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
         q = checkpoint_name(q, "query")
@@ -62,19 +62,21 @@ class BertSelfAttention(nn.Module):
         ctx = checkpoint_name(ctx, "context")
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
 
-        return nn.DenseGeneral(
+        return DenseGeneral(
             features=c.hidden_size, axis=(-2, -1),
             dtype=c.compute_dtype, param_dtype=c.storage_dtype,
             kernel_init=weight_init(c, ("heads", "kv", "embed")),
             bias_init=zeros_init(("embed",)), name="output")(ctx)
 
 
-def _fused_projection(proj, x):
+def _fused_projection(proj, x, dtype):
     """Q, K, V from one [embed] x [embed, 3, heads, kv] product (and one product for the
     input gradient in the backward pass) instead of three, with the parameters of the
     three DenseGenerals unchanged (names, shapes, initialisation: checkpoints and converters
-    see no difference). Each DenseGeneral is applied to a single zero row with a
-    dot_general that hands back its (dtype-promoted) kernel, so its output is its bias."""
+    see no difference). Each DenseGeneral, in the dtype of its parameters, is applied to a
+    single zero row with a dot_general that hands back its kernel, so its output is its
+    bias; the product runs in the compute `dtype` and the bias is added as DenseGeneral
+    adds it (models/layers.py)."""
     kernels, biases = [], []
     for name in ("query", "key", "value"):
         grabbed = {}
@@ -83,10 +85,12 @@ def _fused_projection(proj, x):
             grabbed["kernel"] = kernel
             return jnp.zeros(lhs.shape[:1] + kernel.shape[1:], lhs.dtype)
 
-        biases.append(proj(name, dot_general=grab)(jnp.zeros((1, x.shape[-1]), x.dtype))[0])
-        kernels.append(grabbed["kernel"])
+        # Promoted as DenseGeneral promotes a bias: to at least its own dtype.
+        layer = proj(name, dtype=None, dot_general=grab)
+        biases.append(layer(jnp.zeros((1, x.shape[-1]), dtype))[0])
+        kernels.append(grabbed["kernel"].astype(dtype))
     kernel = jnp.stack(kernels, axis=1)  # [embed, 3, heads, kv]
     kernel = nn.with_logical_constraint(kernel, ("embed", None, "heads", "kv"))
-    x = x.astype(kernel.dtype)
-    qkv = jnp.einsum("ble,ethd->blthd", x, kernel) + jnp.stack(biases)  # [b, l, 3, h, kv]
-    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    x = x.astype(dtype)
+    qkv = add_bias(jnp.einsum("ble,ethd->blthd", x, kernel), jnp.stack(biases))
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each [b, l, heads, kv]

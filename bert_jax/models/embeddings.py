@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax.models.attention_ops import platform
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
 from bert_jax.models.layers import layer_norm, weight_init
@@ -23,7 +24,25 @@ def restart_positions(sequence_ids):
     return index - jax.lax.cummax(jnp.where(first, index, 0), axis=1)
 
 
+def select_rows(table, ids):
+    """table[ids] for a table of a few rows, as a chain of selects: its gradient is one
+    masked sum per row instead of a scatter-add of every position into a few rows (which
+    a GPU serializes). ids: <int>[...] -> [..., features]; ids outside the table get row 0."""
+    ids = ids[..., None]
+    out = jnp.broadcast_to(table[0], ids.shape[:-1] + table.shape[1:])
+    for t in range(1, table.shape[0]):
+        out = jnp.where(ids == t, table[t], out)
+    return out
+
+
 class BertEmbeddings(nn.Module):
+    """The three lookups read rows of the float32 tables, which are added and normalised
+    in float32; only the LayerNorm's output is in the compute dtype. Under bfloat16
+    compute the tables' gradients are then float32 sums, as PyTorch's autocast keeps them
+    (nn.Embed casts the whole table to the compute dtype before the gather, which makes
+    the word table's gradient a bfloat16 scatter-add). The token types are selected, not
+    gathered, except in float32 on CPU (see __call__)."""
+
     config: BertConfig
 
     def setup(self):
@@ -50,9 +69,18 @@ class BertEmbeddings(nn.Module):
                 f"{self.config.max_position_embeddings}")
         if position_ids is None:
             position_ids = jnp.arange(length, dtype=jnp.int32)[None, :]
-        x = (self.word_embeddings(input_ids)
-             + self.position_embeddings(position_ids)
-             + self.token_type_embeddings(token_type_ids))
+        c = self.config
+        wide = jnp.promote_types(c.storage_dtype, jnp.float32)
+        rows = lambda embed, ids: jnp.take(embed.embedding, ids, axis=0).astype(wide)  # noqa: E731
+        types = self.token_type_embeddings
+        if c.compute_dtype == jnp.float32 and platform() == "cpu":
+            # The gather, as always: its gradient's summation order, the scatter's, is
+            # the one every float32 CPU run so far took (bit for bit).
+            token_type = rows(types, token_type_ids)
+        else:
+            token_type = select_rows(types.embedding.astype(wide), token_type_ids)
+        x = (rows(self.word_embeddings, input_ids) + rows(self.position_embeddings, position_ids)
+             + token_type)
         x = self.norm(x)
         x = self.dropout(x, deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))

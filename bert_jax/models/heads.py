@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
-from bert_jax.models.layers import activation, dense, layer_norm, zeros_init
+from bert_jax.models.layers import activation, add_bias, dense, layer_norm, zeros_init
 
 
 def gather_positions(sequence, positions):
@@ -33,7 +33,7 @@ class MaskedLMHead(nn.Module):
         h = layer_norm(c, "transform_norm")(h)
         logits = attend(h)
         bias = self.param("output_bias", zeros_init(("vocab",)), (c.vocab_size,), c.storage_dtype)
-        return logits + bias.astype(logits.dtype)
+        return add_bias(logits, bias)  # a float32 bias gradient under bfloat16 compute
 
 
 class ClassifierHead(nn.Module):

@@ -7,6 +7,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from flax.linen.dtypes import promote_dtype
 
 from bert_jax.models.config import BertConfig
 
@@ -43,9 +44,45 @@ def ones_init(axes: Sequence[str]):
     return _with_logical_partitioning(nn.initializers.ones_init(), tuple(axes))
 
 
-def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> nn.Dense:
+def _promote_all_but_bias(inputs, kernel, bias, dtype=None, inexact=True):
+    inputs, kernel = promote_dtype(inputs, kernel, dtype=dtype, inexact=inexact)
+    return inputs, kernel, bias
+
+
+class Dense(nn.Dense):
+    """nn.Dense whose bias is added in the parameters' dtype: x @ W in the compute dtype,
+    then (that + bias) cast to the compute dtype. Under bfloat16 compute with float32
+    params the bias gradient is then a float32 sum over batch x length (nn.Dense adds a
+    bfloat16 bias, so the sum runs in bfloat16), as PyTorch's autocast accumulates it.
+    With equal dtypes the ops are nn.Dense's, bit for bit; dtype=None promotes all three
+    to their common dtype, as nn.Dense does."""
+
+    promote_dtype: object = _promote_all_but_bias
+
+    def __call__(self, inputs):
+        y = super().__call__(inputs)
+        return y if self.dtype is None else y.astype(self.dtype)
+
+
+class DenseGeneral(nn.DenseGeneral):
+    """nn.DenseGeneral with the bias added in the parameters' dtype (see Dense)."""
+
+    promote_dtype: object = _promote_all_but_bias
+
+    def __call__(self, inputs):
+        y = super().__call__(inputs)
+        return y if self.dtype is None else y.astype(self.dtype)
+
+
+def add_bias(x, bias):
+    """x + bias, the sum in the wider of their dtypes, cast back to x's (see Dense)."""
+    wide = jnp.promote_types(x.dtype, bias.dtype)
+    return (x.astype(wide) + bias.astype(wide)).astype(x.dtype)
+
+
+def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> Dense:
     """A Dense layer whose kernel is named `axes` (in, out) and bias `axes[1]`."""
-    return nn.Dense(
+    return Dense(
         features,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
