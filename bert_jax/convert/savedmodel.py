@@ -27,6 +27,7 @@ import numpy as np
 from bert_jax import paths
 from bert_jax.convert import sources
 from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.errors import ReportedError
 from bert_jax.models import bert as models
 from bert_jax.models import layers
 from bert_jax.models.config import BertConfig
@@ -93,9 +94,16 @@ def pick_head(params: Mapping, requested: str = "auto", task_kind: Optional[str]
 
 
 def task_kind_of(checkpoint: str) -> Optional[str]:
-    """task.kind of the fine-tuning run behind `checkpoint`: a run's own config, or for a
-    fine-tuning WORKDIR/best_model the config of WORKDIR/run_<i>; None if there is none."""
+    """task.kind of the model behind `checkpoint`: the task it records (a model directory's
+    task.json, a Hugging Face directory's architecture, a run's config), else for an older
+    WORKDIR/best_model the config of WORKDIR/run_<i>; None if there is none."""
     path = paths.resolve(checkpoint)
+    try:
+        recorded = sources.open_source(path, "--checkpoint").task
+    except (FileNotFoundError, ValueError, ReportedError):
+        recorded = None
+    if recorded and recorded.get("kind"):
+        return recorded["kind"]
     candidates = [path]
     if not sources.locate(path):
         parent = os.path.dirname(path)

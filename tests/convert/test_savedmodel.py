@@ -211,3 +211,20 @@ def test_text_encoder_matches_tokenizer(lower, max_len):
             assert ids[i][real].tolist() == want_ids, (a, pairs and pairs[i])
             assert seg[i][real].tolist() == want_types
             assert real.tolist() == [True] * len(want_ids) + [False] * (len(real) - len(want_ids))
+
+
+def test_the_recorded_task_picks_the_head(tmp_path):
+    """A model directory's task.json (what a fine-tuning run's best_model/ and to-hf's
+    round trip record) decides which head a `classifier` is, without --head."""
+    from bert_jax.convert.model_dir import task_record
+
+    vocab = tiny_vocab(tmp_path / "vocab.txt")
+    config = tiny_config(len(open(vocab).read().split()))
+    model = models.BertForTokenClassification(config, 3)
+    params = random_params(model, seed=3)
+    save_model_dir(str(tmp_path / "ner_model"), params, config, vocab,
+                   task=task_record("ner", ["O", "B-PER", "I-PER"]))
+    assert savedmodel.task_kind_of(str(tmp_path / "ner_model")) == "ner"
+    assert savedmodel.pick_head(params, "auto", "ner") == "token"
+    save_model_dir(str(tmp_path / "bare"), params, config, vocab)
+    assert savedmodel.task_kind_of(str(tmp_path / "bare")) is None
