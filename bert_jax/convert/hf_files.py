@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 
 from bert_jax import paths
-from bert_jax.convert import hf, tensors
+from bert_jax.convert import hf, model_dir, tensors
 from bert_jax.convert.tensors import ConversionError
 from bert_jax.models.config import BertConfig
 
@@ -241,8 +241,6 @@ def hf_task(directory: str) -> Optional[dict]:
     """The task record (model_dir.task_record) of a Hugging Face directory, from its
     config.json (architecture, id2label, problem_type) and tokenizer_config.json (casing);
     None for a bare encoder of unknown casing."""
-    from bert_jax.convert import model_dir
-
     with open(os.path.join(directory, "config.json"), encoding="utf-8") as f:
         d = json.load(f)
     lower = None

@@ -80,9 +80,15 @@ def save_model_dir(path: str, params: Any, config: BertConfig,
     if vocab_file:
         paths.copy_file(vocab_file, paths.join(tmp, VOCAB_NAME))
     if task:
-        epath.Path(paths.join(tmp, TASK_NAME)).write_text(
-            json.dumps(task_record(**task), indent=2, sort_keys=True) + "\n")
+        write_task(tmp, task)
     paths.rename(tmp, path)
+
+
+def write_task(directory: str, task: dict) -> None:
+    """DIR/task.json (`task_record`'s fields): in a model directory, or in a fine-tuning
+    run's workdir, where `bert_jax.convert.sources` reads it back for the run's heads."""
+    epath.Path(paths.join(directory, TASK_NAME)).write_text(
+        json.dumps(task_record(**task), indent=2, sort_keys=True) + "\n")
 
 
 def dir_vocab(path: str) -> Optional[str]:

@@ -92,28 +92,20 @@ def open_source(path: str, what: str = "train.init_checkpoint") -> InitSource:
                   for kp, v in jax.tree_util.tree_flatten_with_path(run.params)[0]}
         return InitSource(path, "workdir", from_config_dict(run.config["model"]),
                           run.vocab_file, read=run.read_params, step=run.step,
-                          saved_shapes=shapes, task=run_task(run.config))
+                          saved_shapes=shapes, task=run_task(run))
     raise FileNotFoundError(
         f"{what}: {path} is neither a model directory (bert_config.json + params/), a "
         "Hugging Face directory (config.json + weights), nor a training run (WORKDIR, "
         "WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
 
 
-def run_task(config: dict) -> Optional[dict]:
-    """The task record of a fine-tuning run's saved config (one with a `task` section, as
-    its best_model/ records it); None for a pre-training run, whose heads say what they
-    are."""
-    if not (config.get("task") or {}).get("kind"):
+def run_task(run: "SavedRun") -> Optional[dict]:
+    """The task record of a fine-tuning run (WORKDIR/run_<i>/task.json, written when the run
+    starts, as its best_model/ records it); None for a pre-training run, whose heads say what
+    they are, and for a run that has none."""
+    if not (run.config.get("task") or {}).get("kind"):
         return None
-    import ml_collections
-
-    from bert_jax.models.config import ConfigError
-    from bert_jax.tasks.finetune import task_record
-
-    try:
-        return task_record(ml_collections.ConfigDict(config))
-    except (AttributeError, KeyError, ConfigError):  # a config from another version
-        return None
+    return model_dir.dir_task(run.workdir)
 
 
 def load_model(path: str, what: str = "--checkpoint") -> tuple[dict, BertConfig, Optional[str]]:

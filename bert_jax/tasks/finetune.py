@@ -183,6 +183,9 @@ def _sweep(config, workdir, task, labeled, vocab, progress, after_step) -> dict:
         lr, seed = plan[i]
         run_dir = paths.join(workdir, f"run_{i}")
         task.title = f"{kind} run {i} (seed {seed}, lr {lr:g})"
+        if jax.process_index() == 0:  # what the run's heads are, for the exporters
+            paths.makedirs(run_dir)
+            model_dir.write_task(run_dir, task_record(config, task))
         outcome = loop.train(run_config(config, lr, seed), run_dir, task,
                              programs=programs.get(lr), progress=progress,
                              after_step=after_step)

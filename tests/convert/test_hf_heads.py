@@ -202,6 +202,11 @@ def test_finetune_records_the_task_in_best_model(tuned):
                             "do_lower_case": True}
     assert got["regression"]["kind"] == "glue" and got["regression"]["labels"] is None
     assert got["ner"]["kind"] == "ner" and got["ner"]["labels"] == list(NER_LABELS)
+    # The run itself records it too (WORKDIR/run_0/task.json, read by convert.sources when
+    # a run's checkpoints are exported), so a run exports as its best_model/ does.
+    for k in ("pairs", "ner"):
+        run = os.path.join(os.path.dirname(tuned(k)), "run_0")
+        assert model_dir.dir_task(run) == got[k], k
 
 TEXTS = [("The quick brown fox jumps over the lazy dog.", "A dog sleeps."),
          ("Where is the station?", "Two streets down, on the left, near Anna's house.")]
