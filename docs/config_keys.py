@@ -124,6 +124,16 @@ DESCRIPTIONS = {
                          "`jax` (flax's nn.Dropout).",
     "model.attention": "Attention kernel: auto, xla, cudnn or pallas.",
     "model.fused_qkv": "Q, K and V in one matrix product (the same parameters).",
+    "model.pallas_block_q": "Pallas GPU kernel: forward query block, a power of two >= 16; 0: "
+                            "128 (speed only, same results).",
+    "model.pallas_block_k": "Pallas GPU kernel: forward key block, a power of two >= 16; 0: 64.",
+    "model.pallas_bwd_block_q": "Pallas GPU kernel: backward query block; 0: `pallas_block_q` if "
+                                "set, else 64.",
+    "model.pallas_bwd_block_k": "Pallas GPU kernel: backward key block; 0: `pallas_block_k` if "
+                                "set, else 64.",
+    "model.pallas_num_warps": "Pallas GPU kernel: Triton warps per program, a power of two <= "
+                              "32; 0: 4.",
+    "model.pallas_num_stages": "Pallas GPU kernel: Triton pipelining stages, >= 1; 0: 2.",
     "model.nsp": "Pre-training: train the next-sentence head too; False: masked LM only.",
 
     # --- data: bert_jax/data/pretrain.py data_config -------------------------------------
@@ -218,4 +228,10 @@ DESCRIPTIONS = {
     "model_overrides.dropout_rng": "As `model.dropout_rng`.",
     "model_overrides.attention": "As `model.attention`.",
     "model_overrides.fused_qkv": "As `model.fused_qkv`.",
+    "model_overrides.pallas_block_q": "As `model.pallas_block_q`.",
+    "model_overrides.pallas_block_k": "As `model.pallas_block_k`.",
+    "model_overrides.pallas_bwd_block_q": "As `model.pallas_bwd_block_q`.",
+    "model_overrides.pallas_bwd_block_k": "As `model.pallas_bwd_block_k`.",
+    "model_overrides.pallas_num_warps": "As `model.pallas_num_warps`.",
+    "model_overrides.pallas_num_stages": "As `model.pallas_num_stages`.",
 }

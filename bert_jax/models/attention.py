@@ -58,7 +58,8 @@ class BertSelfAttention(nn.Module):
         else:
             ctx = attention_ops.fused(
                 impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
-                dropout_key=drop.make_key() if training else None)
+                dropout_key=drop.make_key() if training else None,
+                pallas_options=c.pallas_options)
         ctx = checkpoint_name(ctx, "context")
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
 

@@ -62,6 +62,13 @@ class BertConfig:
         call, then a counter-based hash per element; much cheaper masks on CPU, the same
         mask on any mesh; see models/dropout.py) or "jax" (flax's nn.Dropout,
         jax.random.bernoulli, bit for bit).
+      pallas_block_q, pallas_block_k: query and key block of the Pallas flash-attention
+        kernel's forward pass on GPU (0: 128 x 64); pallas_bwd_block_q, pallas_bwd_block_k:
+        those of its two backward kernels (0: as the forward's when that is set, else
+        64 x 64). Powers of two >= 16; a block longer than the sequence is cut to it.
+      pallas_num_warps, pallas_num_stages: Triton's warps per program (a power of two up
+        to 32) and software-pipelining stages (>= 1) for those kernels (0: 4 and 2).
+        Run-time options: they change speed, never results (up to float summation order).
     """
 
     vocab_size: int = 30522
@@ -85,6 +92,12 @@ class BertConfig:
     dropout_rng: str = "hash"
     attention: str = "auto"
     fused_qkv: bool = False
+    pallas_block_q: int = 0
+    pallas_block_k: int = 0
+    pallas_bwd_block_q: int = 0
+    pallas_bwd_block_k: int = 0
+    pallas_num_warps: int = 0
+    pallas_num_stages: int = 0
 
     def __post_init__(self):
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -117,6 +130,33 @@ class BertConfig:
         for key in ("dtype", "param_dtype"):
             if getattr(self, key) not in DTYPES:
                 raise ConfigError(f"BertConfig.{key}={getattr(self, key)!r}; expected one of {DTYPES}")
+        self._check_pallas()
+
+    def _check_pallas(self) -> None:
+        """The Pallas kernel's tuning fields: 0 (the kernel's default) or a value it takes."""
+        rules = {"pallas_block_q": ("a power of two >= 16", lambda v: v >= 16 and _pow2(v)),
+                 "pallas_block_k": ("a power of two >= 16", lambda v: v >= 16 and _pow2(v)),
+                 "pallas_bwd_block_q": ("a power of two >= 16",
+                                        lambda v: v >= 16 and _pow2(v)),
+                 "pallas_bwd_block_k": ("a power of two >= 16",
+                                        lambda v: v >= 16 and _pow2(v)),
+                 "pallas_num_warps": ("a power of two <= 32", lambda v: v <= 32 and _pow2(v)),
+                 "pallas_num_stages": ("an integer >= 1", lambda v: v >= 1)}
+        for key, (what, ok) in rules.items():
+            value = getattr(self, key)
+            if (not isinstance(value, int) or isinstance(value, bool) or value < 0
+                    or (value and not ok(value))):
+                raise ConfigError(f"BertConfig.{key} must be 0 (the kernel's default) or "
+                                  f"{what}, got {value!r}")
+
+    @property
+    def pallas_options(self) -> dict:
+        """The Pallas flash-attention kernel's keyword arguments these fields set
+        (attention_ops.pallas_flash.flash_attention): the unset (0) ones left out."""
+        names = {"pallas_block_q": "block_q", "pallas_block_k": "block_k",
+                 "pallas_bwd_block_q": "bwd_block_q", "pallas_bwd_block_k": "bwd_block_k",
+                 "pallas_num_warps": "num_warps", "pallas_num_stages": "num_stages"}
+        return {arg: getattr(self, key) for key, arg in names.items() if getattr(self, key)}
 
     @property
     def head_dim(self) -> int:
@@ -172,6 +212,10 @@ class BertConfig:
     def to_json_file(self, path: str | os.PathLike, original_only: bool = False) -> None:
         with epath.Path(path).open("w", encoding="utf-8") as f:  # local or gs://
             f.write(self.to_json_string(original_only))
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and not n & (n - 1)
 
 
 def model_config(**overrides):

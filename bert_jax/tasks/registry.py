@@ -39,7 +39,10 @@ def base_config() -> ml_collections.ConfigDict:
         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
         dtype=placeholder(str), param_dtype=placeholder(str), remat=placeholder(str),
         scan_layers=placeholder(bool), dropout_rng=placeholder(str),
-        attention=placeholder(str), fused_qkv=placeholder(bool)))
+        attention=placeholder(str), fused_qkv=placeholder(bool),
+        pallas_block_q=placeholder(int), pallas_block_k=placeholder(int),
+        pallas_bwd_block_q=placeholder(int), pallas_bwd_block_k=placeholder(int),
+        pallas_num_warps=placeholder(int), pallas_num_stages=placeholder(int)))
     c.tokenizer = ml_collections.ConfigDict(dict(vocab_file="", do_lower_case=True))
     # Used only without init_checkpoint (training from scratch): BERT-Base by default.
     c.model = model_config()

@@ -25,7 +25,10 @@ def test_reads_and_writes_original_format(tmp_path):
     full = json.loads(config.to_json_string())
     assert set(full) == set(ORIGINAL_KEYS) | {"layer_norm_eps", "pre_ln", "dtype", "param_dtype",
                                               "remat", "scan_layers", "dropout_rng",
-                                              "attention", "fused_qkv"}
+                                              "attention", "fused_qkv", "pallas_block_q",
+                                              "pallas_block_k", "pallas_bwd_block_q",
+                                              "pallas_bwd_block_k", "pallas_num_warps",
+                                              "pallas_num_stages"}
     assert BertConfig.from_dict(full) == config
 
 

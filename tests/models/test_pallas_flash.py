@@ -166,3 +166,83 @@ def test_rejects_bad_arguments():
         pallas_flash.flash_attention(q, q, q, seg, seg, dropout_rate=0.1)
     with pytest.raises(ValueError, match="powers of two"):
         pallas_flash.flash_attention(q, q, q, seg, seg, block_q=24)
+
+
+@pytest.mark.parametrize("options", [
+    dict(block_k=16),                                  # backward too: 32 x 16 everywhere
+    dict(block_q=16, block_k=32, bwd_block_q=32, bwd_block_k=16),
+    dict(block_q=16, block_k=16, num_warps=8, num_stages=3),
+])
+def test_tuning_options_keep_outputs_and_gradients(options):
+    # Block sizes, warps and stages change the schedule only: against the default blocks
+    # (32 x 32 at this padded length) the same outputs and gradients up to summation order,
+    # with dropout on (its mask is indexed by global position, not by block).
+    rate = 0.1
+    q, k, v, w = _inputs(3, 24, 2, 16)
+    q_seg, kv_seg = _padding(3, 24)
+
+    def run(**kw):
+        return _value_and_grads(lambda *a: pallas_flash.flash_attention(
+            *a, q_seg, kv_seg, dropout_rate=rate, seeds=_seeds(rate), **kw), q, k, v, w)
+
+    base = run()
+    _assert_close(run(**options), base)
+    if options.get("num_warps"):  # a block longer than the padded length is cut to it
+        for got, want in zip(run(block_q=64, block_k=128, num_warps=8), base):
+            np.testing.assert_array_equal(got, want)
+
+
+def test_model_options_reach_the_kernel(monkeypatch):
+    # BertConfig's pallas_* fields arrive as the kernel's keyword arguments; unset (0)
+    # ones are left to the kernel's defaults.
+    from bert_jax.models import BertConfig, BertModel
+    from bert_jax.models import attention_ops
+
+    seen = []
+    real = pallas_flash.flash_attention
+    monkeypatch.setattr(pallas_flash, "flash_attention",
+                        lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=32, attention="pallas",
+                        pallas_block_q=32, pallas_bwd_block_k=16, pallas_num_warps=8)
+    assert config.pallas_options == dict(block_q=32, bwd_block_k=16, num_warps=8)
+    assert BertConfig().pallas_options == {}
+    ids = jnp.ones((2, 24), jnp.int32)
+    model = BertModel(config)
+    params = model.init(jax.random.key(0), ids, jnp.ones_like(ids), jnp.zeros_like(ids))
+    assert attention_ops.platform() == "cpu" and not seen  # init takes the XLA path
+    model.apply(params, ids, jnp.ones_like(ids), jnp.zeros_like(ids))
+    assert len(seen) == 1
+    assert {k: seen[0][k] for k in ("block_q", "bwd_block_k", "num_warps")} == dict(
+        block_q=32, bwd_block_k=16, num_warps=8)
+    assert not {"block_k", "bwd_block_q", "num_stages"} & set(seen[0])
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(block_k=48), "block sizes must be powers of two >= 16, got block_k=48"),
+    (dict(bwd_block_q=8), "block sizes must be powers of two >= 16, got bwd_block_q=8"),
+    (dict(num_warps=6), "num_warps must be a power of two <= 32, got 6"),
+    (dict(num_warps=64), "num_warps must be a power of two <= 32, got 64"),
+    (dict(num_stages=0), "num_stages must be an integer >= 1, got 0"),
+])
+def test_rejects_bad_tuning_options(options, message):
+    q = jnp.zeros((1, 16, 1, 16))
+    seg = jnp.ones((1, 16), jnp.int32)
+    with pytest.raises(ValueError, match=message):
+        pallas_flash.flash_attention(q, q, q, seg, seg, **options)
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(pallas_block_q=96), "pallas_block_q must be 0 .* or a power of two >= 16, got 96"),
+    (dict(pallas_bwd_block_k=8), "pallas_bwd_block_k must be 0 .* power of two >= 16, got 8"),
+    (dict(pallas_block_k=-16), "pallas_block_k must be 0"),
+    (dict(pallas_num_warps=3), "pallas_num_warps must be 0 .* power of two <= 32, got 3"),
+    (dict(pallas_num_stages=-1), "pallas_num_stages must be 0 .* integer >= 1, got -1"),
+    (dict(pallas_num_stages=2.0), "pallas_num_stages must be 0 .* got 2.0"),
+])
+def test_config_rejects_bad_tuning_fields(change, message):
+    from bert_jax.models import BertConfig, ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        BertConfig(**change)

@@ -107,11 +107,14 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False) 
     return impl
 
 
-def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None):
+def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None,
+          pallas_options=None):
     """A fused path ("cudnn" or "pallas") on q, k, v: <dtype>[batch, length, heads, kv]
     (q unscaled) with kv_mask: <bool>[batch, length] (True = real token), or for packed
     rows <int32>[batch, length] sequence ids (pallas only). dropout_key: the attention
-    dropout's flax key, None for no dropout. Returns [batch, length, heads, kv].
+    dropout's flax key, None for no dropout. pallas_options: block sizes, warps and stages
+    of the GPU/CPU Pallas kernel (BertConfig.pallas_options; splash on TPU ignores them).
+    Returns [batch, length, heads, kv].
 
     A custom kernel is opaque to XLA's sharding propagation (it would gather the whole
     batch onto every device), so under a mesh it runs per shard through `jax.shard_map`:
@@ -147,7 +150,7 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         return pallas_flash.flash_attention(
             q, k, v, q_seg, kv_seg, dropout_rate=dropout_rate,
             seeds=seeds, batch_offset=batch_offset, head_offset=head_offset,
-            total_heads=heads)
+            total_heads=heads, **(pallas_options or {}))
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:

@@ -72,7 +72,8 @@ class _Cfg(NamedTuple):
 
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: float = 0.0,
                     seeds=None, batch_offset=0, head_offset=0, total_heads=None,
-                    block_q=None, block_k=None, interpret=None):
+                    block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None,
+                    num_warps=None, num_stages=None, interpret=None):
     """Softmax attention of q over k, v with in-kernel dropout on the probabilities.
 
     q: <dtype>[batch, q_len, heads, head_dim] (unscaled: the kernel divides by
@@ -83,9 +84,14 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     jax.random.bits(dropout_key, (2,), jnp.uint32) (required when dropout_rate > 0).
     batch_offset, head_offset (ints or traced int32 scalars) and total_heads place this call's
     [batch, heads] inside the global array whose hash mask it reproduces (shard_map shards).
-    block_q, block_k: powers of two >= 16 (defaults: 128 x 64 forward, 64 x 64 backward);
-    lengths need not be multiples (padded inside). interpret: None = interpret mode iff the
-    current trace compiles for CPU (attention_ops.platform()).
+    block_q, block_k: powers of two >= 16, the blocks of the forward kernel and, unless
+    bwd_block_q / bwd_block_k are given, of the two backward kernels (defaults: 128 x 64
+    forward, 64 x 64 backward); a block longer than the (power-of-two rounded) length is cut
+    to it, and lengths need not be multiples (padded inside). num_warps (a power of two
+    <= 32), num_stages (>= 1): Triton's settings for all three kernels (defaults 4 and 2;
+    ignored in interpret mode). None of these change the result beyond summation order.
+    interpret: None = interpret mode iff the current trace compiles for CPU
+    (attention_ops.platform()).
     Returns <dtype>[batch, q_len, heads, head_dim]; differentiable in q, k, v.
     """
     batch, q_len, heads, head_dim = q.shape
@@ -112,8 +118,13 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
                              f"interpret mode), not {plat}")
         interpret = plat == "cpu"
 
-    fwd_blocks = (_block(block_q, 128, q_len), _block(block_k, 64, kv_len))
-    bwd_blocks = (_block(block_q, 64, q_len), _block(block_k, 64, kv_len))
+    fwd_blocks = (_block("block_q", block_q, 128, q_len),
+                  _block("block_k", block_k, 64, kv_len))
+    bwd_blocks = (_block("bwd_block_q", bwd_block_q or block_q, 64, q_len),
+                  _block("bwd_block_k", bwd_block_k or block_k, 64, kv_len))
+    num_warps = _tuning("num_warps", num_warps, 4, lambda n: n <= 32 and _pow2(n),
+                        "a power of two <= 32")
+    num_stages = _tuning("num_stages", num_stages, 2, lambda n: True, "an integer >= 1")
     q_pad = _round_up(q_len, max(fwd_blocks[0], bwd_blocks[0]))
     kv_pad = _round_up(kv_len, max(fwd_blocks[1], bwd_blocks[1]))
     d_pad = max(16, pl.next_power_of_2(head_dim))  # Triton: power-of-two tiles, dots >= 16
@@ -123,7 +134,8 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
                threshold=threshold,
                keep_scale=as_dtype(1.0 / (1.0 - threshold / 2.0**32)) if threshold else 1.0,
                total_heads=int(total_heads or heads), fwd_blocks=fwd_blocks,
-               bwd_blocks=bwd_blocks, num_warps=4, num_stages=2, interpret=bool(interpret))
+               bwd_blocks=bwd_blocks, num_warps=num_warps, num_stages=num_stages,
+               interpret=bool(interpret))
 
     if threshold:
         seeds = jnp.asarray(seeds)
@@ -148,12 +160,31 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     return o[:, :q_len, :, :head_dim]
 
 
-def _block(requested, default, length):
+def _pow2(n) -> bool:
+    return n > 0 and not n & (n - 1)
+
+
+def _block(name, requested, default, length):
+    """The block along a length: `requested` (None = `default`), cut to the length rounded
+    up to a power of two (>= 16: Triton's smallest dot), so a block size set for long
+    sequences does not pad short ones."""
+    size = default
     if requested is not None:
-        if requested < 16 or requested & (requested - 1):
-            raise ValueError(f"block sizes must be powers of two >= 16, got {requested}")
-        return requested
-    return min(default, max(16, pl.next_power_of_2(length)))
+        if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)) or requested < 16 \
+                or not _pow2(requested):
+            raise ValueError(f"block sizes must be powers of two >= 16, got "
+                             f"{name}={requested!r}")
+        size = requested
+    return min(size, max(16, pl.next_power_of_2(length)))
+
+
+def _tuning(name, requested, default, ok, what):
+    if requested is None:
+        return default
+    if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)) or requested < 1 \
+            or not ok(requested):
+        raise ValueError(f"{name} must be {what}, got {requested!r}")
+    return requested
 
 
 def _round_up(n, m):
