@@ -97,6 +97,11 @@ def test_smoke_run(tmp_path):
     bogus = rows[("base128", "remat=bogus")]
     assert bogus[4] == "ERR[1]", bogus  # a failed cell; the suite went on
     assert "[1] base128 bert_jax remat=bogus: ConfigError: BertConfig.remat='bogus'" in text
+    # Under the table, a GEMM census per bert_jax row (a CPU compile has no GPU GEMMs).
+    for case in CASES:
+        assert (f"GEMMs autotuned: {case} default: 0 of 0 (no GPU GEMM kernels in this "
+                "compile)") in text
+    assert "GEMMs autotuned: base128 remat=bogus: -" in text
 
     # The profile of base128: XLA:CPU ops of 3 traced steps stand for the device kernels.
     profile = text.split("== Profile: base128 bert_jax default, 3 traced steps ==", 1)[1]
@@ -145,6 +150,7 @@ def test_smoke_run(tmp_path):
         assert ours["scan_layers"] is (case != "base128"), ours
         assert 0 < ours["mfu"] < 1 and ours["flops_per_example"] > 0 and ours["compile_s"] > 0
         assert ours["n_params"] == theirs["n_params"], (ours, theirs)  # the same model
+        assert ours["gemms"] == dict(gemms=0, autotuned=0, by_backend={}, configs={}), ours
         assert theirs["attn_implementation"] == "sdpa" and theirs["autocast"] == "off", theirs
         assert theirs["fused_adamw"] is False and theirs["labels_per_row"] == preds, theirs
     assert by_kind[("base128", "bert_jax", "attention=xla")]["overrides"] == {"attention": "xla"}
@@ -270,3 +276,79 @@ def test_deadline_skips_measurements_and_still_prints_the_table(tmp_path, monkey
     assert "[1] base128 bert_jax default: skipped: --deadline_s=30 reached" in text
     assert "no trace: skipped: --deadline_s=30 reached" in text
     assert text.rstrip().splitlines()[-1].startswith("total ")
+
+
+# Lines of an optimized HLO module for a GPU. The first fusion and its computation are
+# verbatim (metadata cut) from the step compiled for the H100 target on a CPU host, where
+# XLA cannot autotune; the others have the shapes of what a GPU compile writes: Triton tiles
+# the autotuner picked, a cuBLAS call with and one without a selected algorithm, and a
+# Pallas kernel's custom call, which is not a GEMM.
+_HLO = r"""HloModule jit_train_step, entry_computation_layout={()->()}
+
+%gemm_fusion_dot.3_computation (parameter_0.1: bf16[1024,128], parameter_1.1: bf16[128,128]) -> bf16[1024,128] {
+  %parameter_0.1 = bf16[1024,128]{1,0} parameter(0)
+  %parameter_1.1 = bf16[128,128]{1,0} parameter(1)
+  ROOT %dot.84 = bf16[1024,128]{1,0} dot(%parameter_0.1, %parameter_1.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}, backend_config={"sizes":["16"]}
+}
+
+%gemm_fusion_dot.9_computation (parameter_0.2: bf16[32768,768], parameter_1.2: bf16[768,3072]) -> bf16[32768,3072] {
+  %parameter_0.2 = bf16[32768,768]{1,0} parameter(0)
+  %parameter_1.2 = bf16[768,3072]{1,0} parameter(1)
+  ROOT %dot.90 = bf16[32768,3072]{1,0} dot(%parameter_0.2, %parameter_1.2), lhs_contracting_dims={1}, rhs_contracting_dims={0}, backend_config={"sizes":["64"]}
+}
+
+ENTRY %main.1 (p0: bf16[1024,128], p1: bf16[128,128]) -> bf16[1024,128] {
+  %gemm_fusion_dot.3 = bf16[1024,128]{1,0} fusion(%bitcast.392.0, %bitcast.391.0), kind=kCustom, calls=%gemm_fusion_dot.3_computation, backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton_nested_gemm_fusion","block_level_fusion_config":{"num_warps":"2","output_tiles":[{"sizes":["16","8"]}],"num_ctas":1,"num_stages":1,"is_tma_allowed":false,"is_warp_specialization_allowed":false,"waves_per_eu":0}},"force_earliest_schedule":false,"reification_cost":[],"device_type":"DEVICE_TYPE_INVALID"}
+  %gemm_fusion_dot.9 = bf16[32768,3072]{1,0} fusion(%a, %b), kind=kCustom, calls=%gemm_fusion_dot.9_computation, backend_config={"operation_queue_id":"0","fusion_backend_config":{"kind":"__triton_nested_gemm_fusion","block_level_fusion_config":{"num_warps":"8","output_tiles":[{"sizes":["128","256"]}],"num_ctas":1,"num_stages":4,"is_tma_allowed":true}}}
+  %gemm_fusion_dot.11 = bf16[256,768]{1,0} fusion(%c, %d), kind=kCustom, calls=%gemm_fusion_dot.11_computation, backend_config={"fusion_backend_config":{"kind":"__triton_gemm","triton_gemm_config":{"block_m":"64","block_n":"128","block_k":"32","split_k":"1","num_stages":"3","num_warps":"4","num_ctas":"1"}}}
+  %custom-call.1 = (bf16[768,768]{1,0}, s8[4194304]{0}) custom-call(%e, %f), custom_call_target="__cublas$gemm", backend_config={"operation_queue_id":"0","gemm_backend_config":{"alpha_real":1,"beta":0,"dot_dimension_numbers":{"lhs_contracting_dimensions":["0"],"rhs_contracting_dimensions":["0"]},"selected_algorithm":"11","epilogue":"DEFAULT"}}
+  %custom-call.2 = (bf16[768,2]{1,0}, s8[0]{0}) custom-call(%g, %h), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"alpha_real":1,"beta":0,"epilogue":"DEFAULT","precision_config":{"operand_precision":["DEFAULT","DEFAULT"]}}}
+  %pallas_call.14 = (bf16[8,128,2,64]{3,2,1,0}, f32[8,2,128]{2,1,0}) custom-call(%i, %j), custom_call_target="__gpu$xla.gpu.triton", backend_config={"name":"flash_attention_fwd","num_warps":4,"num_stages":2}
+  ROOT %loop_add_fusion = bf16[1024,128]{1,0} fusion(%gemm_fusion_dot.3), kind=kLoop, calls=%fused_add
+}
+"""
+
+
+def test_gemm_census_reads_autotuned_configs_from_the_hlo():
+    gemms = _suite_module("gemms")
+    census = gemms.gemm_census(_HLO)
+    assert census["gemms"] == 5 and census["autotuned"] == 3, census
+    assert census["by_backend"] == {"triton": 3, "cublas": 1, "cublasLt": 1}, census
+    assert census["configs"] == {"triton 16x8x16 w2 s1": 1, "triton 128x256x64 w8 s4": 1,
+                                 "triton 64x128x32 w4 s3": 1, "cublas algorithm 11": 1,
+                                 "cublasLt algorithm -": 1}, census
+    line = gemms.summary(census, top=2)
+    assert line.startswith("3 of 5 (cublas 1, cublasLt 1, triton 3); triton 16x8x16 w2 s1 x1, "
+                           "triton 128x256x64 w8 s4 x1, +3 more"), line
+    # untuned everywhere: XLA's fallback tiles only, no cuBLAS algorithm
+    untuned = _HLO.replace('"selected_algorithm":"11",', "").replace(
+        '"num_warps":"8"', '"num_warps":"2"').replace('"num_stages":4', '"num_stages":1').replace(
+        '["128","256"]', '["8","16"]').replace('"block_m":"64","block_n":"128"',
+                                               '"block_m":"16","block_n":"16"').replace(
+        '"num_stages":"3","num_warps":"4"', '"num_stages":"1","num_warps":"2"')
+    assert gemms.gemm_census(untuned)["autotuned"] == 0
+    assert gemms.summary(gemms.gemm_census("HloModule m\n")) == (
+        "0 of 0 (no GPU GEMM kernels in this compile)")
+    assert gemms.summary({"error": "ValueError: x"}) == "no census (ValueError: x)"
+
+
+def test_default_variants_cover_a_first_gpu_session():
+    suite = _suite_module("suite")
+    cases = ["base128", "large128", "large512"]
+    got = [(sorted(only), overrides) for _, overrides, only in
+           suite.parse_variants(suite.DEFAULT_VARIANTS, cases)]
+    base, large = ["base128"], ["large128"]
+    assert got[:5] == [
+        (base, {"xla_flags": "--xla_gpu_enable_triton_gemm=false"}),
+        (base, {"xla_flags": "--xla_gpu_enable_command_buffer="}),
+        (base, {"attention": "cudnn", "attention_probs_dropout_prob": 0}),
+        (base, {"attention": "pallas", "attention_probs_dropout_prob": 0}),
+        (large, {"scan_layers": False})], got
+    assert (base, {"pallas_block_q": 64, "pallas_block_k": 128}) in got
+    assert (large, {"remat": "none"}) in got and (base, {"attention": "xla"}) in got
+    # every model key of the defaults is a BertConfig field the config accepts
+    from bert_jax.models import BertConfig
+
+    for _, overrides in got:
+        model = {k: v for k, v in overrides.items() if k != "xla_flags"}
+        BertConfig(**model)

@@ -3,7 +3,8 @@ benchmarks/pretrain_step.build makes it (as benchmarks/train_step.py does) with
 model.dtype = the spec's dtype and float32 params / AdamW state. Timing: `warmup` untimed
 steps, then the median of `steps` steps, each followed by jax.block_until_ready. With a
 profile_dir, `profile_steps` more steps are traced afterwards (a failed trace keeps the
-figures)."""
+figures). The compiled step's GEMM kernels are counted from its optimized HLO (gemms.py):
+how many carry autotuned algorithms or tiles."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import traceback
 
 from .children import case_config
 from .common import GIB, exc_line
+from .gemms import gemm_census
 
 
 def run(spec: dict, out: dict) -> dict:
@@ -39,6 +41,10 @@ def run(spec: dict, out: dict) -> dict:
         out["argument_gib"] = mem.argument_size_in_bytes / GIB
     except Exception:  # noqa: BLE001 - not every backend reports it
         pass
+    try:  # whether the real compile autotuned its GEMMs (gemms.py)
+        out["gemms"] = gemm_census(built["compiled"].as_text())
+    except Exception as e:  # noqa: BLE001 - a census that fails keeps the timing
+        out["gemms"] = {"error": exc_line(e)}
     state = time_steps(built, spec, mcfg, out)
     if spec.get("profile_dir"):  # after the timing: a failed trace keeps the figures
         state = trace_steps(built, state, spec, out)

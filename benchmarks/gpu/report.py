@@ -34,6 +34,11 @@ TIMEOUT[n] / SKIP[n], its one-line error is note [n] under the table):
   jax/eager, jax/compile   throughput ratios, bert_jax seq/s over torch's: > 1 = bert_jax
                      is faster.
 
+Under the table, a "GEMMs autotuned: <case> <variant>: n of m" line per bert_jax row: of the
+m GEMM kernels in the row's optimized HLO, how many carry an autotuned cuBLAS algorithm,
+Triton tiles other than XLA's untuned fallback, or a cuDNN plan, and the commonest configs
+(gemms.py). 0 of m on a GPU means the compile did not autotune.
+
 Variant rows show bert_jax's cells only; their ratios use the case's torch cells. Figures
 compare only within one run on one card: quote the two frameworks' numbers, and the
 variants', from the same report."""
@@ -46,6 +51,7 @@ import os
 import shlex
 import sys
 
+from . import gemms
 from .children import VERSIONED
 
 TABLE_HEAD = ["case", "variant", "attention", "remat", "jax ms", "jax seq/s", "MFU",
@@ -131,6 +137,10 @@ def results(report: Report, rows: list, cases: list, info: dict, steps: int) -> 
     table, notes = render_table(rows, cases)
     for line in table + notes:
         report.print(line)
+    for r in rows:
+        if r["kind"] == "bert_jax":
+            report.print(f"GEMMs autotuned: {r['case']} {r['variant']}: "
+                         f"{gemms.summary(r.get('gemms'))}")
     shapes = sorted({(r["case"], r["batch"], r["seq"], r["preds"], r["config"]) for r in rows})
     report.print("shapes: " + "; ".join(f"{c} = {cfg} batch {b} x {s}, {pr} MLM predictions"
                                        for c, b, s, pr, cfg in shapes))

@@ -18,7 +18,12 @@ of the config's `model` section (no case prefix = every case; '' for none). The 
 'base128:xla_flags=--xla_gpu_enable_triton_gemm=false'. The default rows: the XLA attention
 path and one fused Q/K/V product at base128, and BERT-Large keeping every activation
 (large128 remat=none, which fits one 80 GB GPU with the Pallas attention; see
-benchmarks/RESULTS.md).
+benchmarks/RESULTS.md); for a first session on a GPU also, at base128, cuBLAS instead of
+Triton GEMMs (--xla_gpu_enable_triton_gemm=false), no CUDA-graph command buffers
+(--xla_gpu_enable_command_buffer=, the empty set), cuDNN against the Pallas kernel with
+attention dropout off (attention_probs_dropout_prob=0, as cuDNN needs), and a Pallas tiling
+(model.pallas_block_q / pallas_block_k); at large128 unscanned layers (scan_layers=false).
+Each row also says how many of its GEMMs the compile autotuned (gemms.py).
 
 --smoke runs the same code paths on CPU with tiny sizes: configs/bert_tiny.py with the case
 config's scan_layers / remat, batch 4 x 32 (2 x 64 for large512), a tiny HF BertConfig of the
@@ -40,7 +45,22 @@ from .children import run_child, spawn
 from .common import CASES, SMOKE_CONFIG, SMOKE_SHAPES, preds_for
 from .profile import profile_section
 
-DEFAULT_VARIANTS = "base128:attention=xla;base128:fused_qkv=true;large128:remat=none"
+# Most informative first (a case's variants run in this order, and --deadline_s skips the
+# last ones): the GEMM backend and the launch mechanism (GEMMs are most of the step; an
+# earlier build ran ~4x its static estimate for reasons never found), cuDNN against our
+# kernel on equal terms (no attention dropout: cuDNN has none), the unscanned layers the
+# static audit favours for Large, then the older rows and one Pallas tiling.
+DEFAULT_VARIANTS = ";".join([
+    "base128:xla_flags=--xla_gpu_enable_triton_gemm=false",
+    "base128:xla_flags=--xla_gpu_enable_command_buffer=",  # the empty set: no command buffers
+    "base128:attention=cudnn,attention_probs_dropout_prob=0",
+    "base128:attention=pallas,attention_probs_dropout_prob=0",
+    "large128:scan_layers=false",
+    "large128:remat=none",
+    "base128:attention=xla",
+    "base128:pallas_block_q=64,pallas_block_k=128",
+    "base128:fused_qkv=true",
+])
 
 
 def parser(description: str) -> argparse.ArgumentParser:
