@@ -164,14 +164,17 @@ def _pow2(n) -> bool:
     return n > 0 and not n & (n - 1)
 
 
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
 def _block(name, requested, default, length):
     """The block along a length: `requested` (None = `default`), cut to the length rounded
     up to a power of two (>= 16: Triton's smallest dot), so a block size set for long
     sequences does not pad short ones."""
     size = default
     if requested is not None:
-        if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)) or requested < 16 \
-                or not _pow2(requested):
+        if not _is_int(requested) or requested < 16 or not _pow2(requested):
             raise ValueError(f"block sizes must be powers of two >= 16, got "
                              f"{name}={requested!r}")
         size = requested
@@ -181,8 +184,7 @@ def _block(name, requested, default, length):
 def _tuning(name, requested, default, ok, what):
     if requested is None:
         return default
-    if isinstance(requested, bool) or not isinstance(requested, (int, np.integer)) or requested < 1 \
-            or not ok(requested):
+    if not _is_int(requested) or requested < 1 or not ok(requested):
         raise ValueError(f"{name} must be {what}, got {requested!r}")
     return requested
 
