@@ -49,8 +49,9 @@ TASK_HEADS = {"glue": "sequence", "ner": "token", "choice": "choice", "squad": "
 INPUTS = ("input_ids", "input_mask", "segment_ids")
 EXPORT_INFO = "bert_jax_export.json"
 TEXT_MISSING = ("--with_tokenizer needs tensorflow-text, whose ops put the WordPiece "
-                "tokenizer in the graph: pip install \"tensorflow-text~={tf}\" (the release "
-                "of the installed TensorFlow, {tf}); or export without --with_tokenizer "
+                "tokenizer in the graph: pip install --no-deps \"tensorflow-text~={tf}\" (the "
+                "release of the installed TensorFlow, {tf}; --no-deps keeps pip from adding "
+                "the full tensorflow); or export without --with_tokenizer "
                 "and tokenize on the client")
 
 
