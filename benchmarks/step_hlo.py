@@ -314,7 +314,7 @@ def audit(text: str) -> list[Kernel]:
     shapes_of = {c: {i.name: i.shape for i in instrs} for c, instrs in comps.items()}
     kernels: dict[tuple[str, str], Kernel] = {}
 
-    def fused_dots(comp: str) -> list[Instr]:
+    def fused_dots(comp: str) -> list[tuple[str, Instr]]:
         out = []
         for i in comps.get(comp, []):
             if i.opcode in ("dot", "convolution"):
