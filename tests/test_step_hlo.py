@@ -1,0 +1,147 @@
+"""benchmarks/step_hlo.py's counting rule on HLO whose kernels, FLOPs and bytes are known
+by hand, and the script on the tiny config (CPU target): its sections and its estimate."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from tests.conftest import REPO
+
+# The script's functions, imported as a module (its flags are defined only when it runs as a
+# program); registered first, as dataclasses need.
+_SPEC = importlib.util.spec_from_file_location("step_hlo", REPO / "benchmarks/step_hlo.py")
+step_hlo = importlib.util.module_from_spec(_SPEC)
+sys.modules["step_hlo"] = step_hlo
+_SPEC.loader.exec_module(step_hlo)
+
+# A scan-like loop (3 trips, known) writing one f32[4,8] row per trip into a stacked buffer
+# in place, a dot, a cuBLAS GEMM custom call, and a fusion reading one row of the buffer.
+HLO = """HloModule audit_test
+
+%fused_dus (p0: f32[3,4,8], p1: f32[4,8], p2: s32[]) -> f32[3,4,8] {
+  %p0 = f32[3,4,8]{2,1,0} parameter(0)
+  %p1 = f32[4,8]{1,0} parameter(1)
+  %p2 = s32[] parameter(2)
+  %row = f32[1,4,8]{2,1,0} bitcast(%p1)
+  %z = s32[] constant(0)
+  ROOT %dus = f32[3,4,8]{2,1,0} dynamic-update-slice(%p0, %row, %p2, %z, %z)
+}
+
+%fused_slice (p0.1: f32[3,4,8], p1.1: s32[]) -> f32[4,8] {
+  %p0.1 = f32[3,4,8]{2,1,0} parameter(0)
+  %p1.1 = s32[] parameter(1)
+  %z.1 = s32[] constant(0)
+  %ds = f32[1,4,8]{2,1,0} dynamic-slice(%p0.1, %p1.1, %z.1, %z.1), dynamic_slice_sizes={1,4,8}
+  ROOT %r = f32[4,8]{1,0} bitcast(%ds)
+}
+
+%body (carry: (s32[], f32[3,4,8], f32[4,8])) -> (s32[], f32[3,4,8], f32[4,8]) {
+  %carry = (s32[], f32[3,4,8]{2,1,0}, f32[4,8]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%carry), index=0
+  %buf = f32[3,4,8]{2,1,0} get-tuple-element(%carry), index=1
+  %x = f32[4,8]{1,0} get-tuple-element(%carry), index=2
+  %upd = f32[3,4,8]{2,1,0} fusion(%buf, %x, %i), kind=kLoop, calls=%fused_dus, metadata={op_name="jit(f)/jvp(M)/layer/dynamic_update_slice"}
+  %one = s32[] constant(1)
+  %next = s32[] add(%i, %one), metadata={op_name="jit(f)/add"}
+  ROOT %t = (s32[], f32[3,4,8]{2,1,0}, f32[4,8]{1,0}) tuple(%next, %upd, %x)
+}
+
+%cond (carry.1: (s32[], f32[3,4,8], f32[4,8])) -> pred[] {
+  %carry.1 = (s32[], f32[3,4,8]{2,1,0}, f32[4,8]{1,0}) parameter(0)
+  %i.1 = s32[] get-tuple-element(%carry.1), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i.1, %n), direction=LT, metadata={op_name="jit(f)/lt"}
+}
+
+ENTRY %main (a: f32[8,16], b: f32[16,32], buf.1: f32[3,4,8], x.1: f32[4,8]) -> (f32[4,8], (f32[32,32], s8[1024])) {
+  %a = f32[8,16]{1,0} parameter(0)
+  %b = f32[16,32]{1,0} parameter(1)
+  %buf.1 = f32[3,4,8]{2,1,0} parameter(2)
+  %x.1 = f32[4,8]{1,0} parameter(3)
+  %d = f32[8,32]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}, metadata={op_name="jit(f)/jvp(M)/dense/dot_general"}
+  %g = (f32[32,32]{1,0}, s8[1024]{0}) custom-call(%d, %d), custom_call_target="__cublas$gemm", metadata={op_name="jit(f)/transpose(jvp(M))/dense/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["0"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[3,4,8]{2,1,0}, f32[4,8]{1,0}) tuple(%zero, %buf.1, %x.1)
+  %w = (s32[], f32[3,4,8]{2,1,0}, f32[4,8]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  %out = f32[3,4,8]{2,1,0} get-tuple-element(%w), index=1
+  %one.1 = s32[] constant(1)
+  %sl = f32[4,8]{1,0} fusion(%out, %one.1), kind=kLoop, calls=%fused_slice, metadata={op_name="jit(f)/mul"}
+  ROOT %res = (f32[4,8]{1,0}, (f32[32,32]{1,0}, s8[1024]{0})) tuple(%sl, %g)
+}
+"""
+
+
+def _by_name(kernels):
+    return {k.name: k for k in kernels}
+
+
+def test_counting_rule_on_handwritten_hlo():
+    kernels = _by_name(step_hlo.audit(HLO))
+    # dot, GEMM call, 3 x (row write + counter add), 4 loop tests, the row read.
+    assert sorted(kernels) == ["d", "g", "lt", "next", "sl", "upd"]
+    assert {n: k.count for n, k in kernels.items()} == {
+        "d": 1, "g": 1, "upd": 3, "next": 3, "lt": 4, "sl": 1}
+    assert kernels["d"].kind == kernels["g"].kind == "gemm"
+    assert kernels["d"].flops == 2 * 8 * 32 * 16
+    assert kernels["g"].flops == 2 * 32 * 32 * 8  # contracts d's 8 rows
+    assert kernels["g"].dtype == "f32 x f32 -> f32" and kernels["g"].impl == "cuBLAS GEMM"
+    # In place: the written row (128 B), the row read (128 B, via a bitcast) and the index.
+    assert kernels["upd"].bytes == 128 + 128 + 4
+    # A slice of the buffer, not the whole 384 B: one row in, one row out, the index.
+    assert kernels["sl"].bytes == 128 + 128 + 4
+    assert kernels["next"].bytes == 3 * 4 and kernels["lt"].bytes == 4 + 4 + 1
+    assert kernels["upd"].phase == "forward" and kernels["g"].phase == "backward"
+    assert kernels["sl"].phase == "optimizer"
+
+    totals = step_hlo.summarize(list(kernels.values()), gemm_tflops=1.0, hbm_tbps=1.0,
+                                launch_us=1.0)
+    assert totals["launches"] == 13
+    assert totals["gemm_flops"] == 8192 + 16384
+    assert totals["other_bytes"] == 3 * 260 + 3 * 12 + 4 * 9 + 260
+    assert totals["estimate_s"] == pytest.approx(
+        24576 / 1e12 + totals["other_bytes"] / 1e12 + 13e-6)
+
+
+def test_two_matmuls_of_a_jitted_function():
+    def f(a, b, c):
+        return jnp.tanh(a @ b) @ c
+
+    shapes = [(8, 16), (16, 32), (32, 4)]
+    compiled = jax.jit(f).lower(*[jax.ShapeDtypeStruct(s, jnp.float32) for s in shapes]).compile()
+    kernels = step_hlo.audit(compiled.as_text())
+    gemms = sorted(k.flops for k in kernels if k.kind == "gemm")
+    assert gemms == sorted([2 * 8 * 32 * 16, 2 * 8 * 4 * 32])
+    assert all(k.dtype == "f32 x f32 -> f32" for k in kernels if k.kind == "gemm")
+    cost = step_hlo.cost_analysis(compiled)
+    if cost is not None:  # XLA's own count agrees on the GEMMs (tanh adds a few FLOPs)
+        assert cost[0]["flops"] >= sum(gemms)
+
+
+def test_script_prints_the_sections_and_the_estimate_last():
+    out = subprocess.run(
+        [sys.executable, "benchmarks/step_hlo.py", "--config=configs/bert_tiny.py",
+         "--batch=2", "--seq=32", "--target=cpu"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = out.stdout
+    for section in ("compile: ", "XLA cost analysis: ", "launches: ", "launches by phase:",
+                    "custom calls and custom fusions by kind:", "GEMMs by dtype",
+                    "other kernels' bytes by phase", "largest other kernels (top 15"):
+        assert section in text, section
+    for phase in ("forward", "backward", "heads", "optimizer"):
+        assert f"  {phase}: " in text
+    # The tiny model's matrix products: 2 layers x (4 attention + 2 FFN) forward, at least
+    # as many again backward.
+    launches = int(text.split("launches: ", 1)[1].split()[0].replace(",", ""))
+    assert launches > 24
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("estimate: "), last
+    assert float(last.split()[1]) > 0
