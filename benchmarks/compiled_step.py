@@ -1,10 +1,11 @@
-r"""The trainer's pre-training step compiled on abstract inputs, for CPU or a GPU compile
-target on a machine without a GPU: what benchmarks/step_memory.py and step_hlo.py share
+r"""The trainer's pre-training step compiled on abstract inputs, for CPU, or a GPU or TPU
+compile target on a machine without one: what benchmarks/step_memory.py and step_hlo.py share
 (their flags, target devices and the lowering). Not a script.
 
 Import it before jax: with `--target=h100` on the command line it sets JAX_PLATFORMS=cpu and
 JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (unless already set), which a CUDA compile target on a CPU
-host needs before jax loads.
+host needs before jax loads; with `--target=tpu:<topology>` JAX_PLATFORMS=cpu and libtpu's
+start-up variables.
 """
 
 from __future__ import annotations
@@ -14,9 +15,35 @@ import os
 import sys
 import time
 
-if "--target=h100" in sys.argv or "--target h100" in " ".join(sys.argv):
+
+
+def _argv_target(argv) -> str:
+    """The --target value in argv ("--target=x" or "--target x"), before flags are parsed."""
+    for i, arg in enumerate(argv):
+        if arg.startswith("--target="):
+            return arg.split("=", 1)[1]
+        if arg == "--target" and i + 1 < len(argv):
+            return argv[i + 1]
+    return ""
+
+
+# libtpu reads these at start-up and, off a TPU VM, logs errors for each one it cannot find
+# in the VM metadata; any single-host accelerator type of the generation quiets it (the
+# compile target is the topology name, not this). libtpu also takes a lock file that makes
+# a second process loading it abort; compiling touches no TPU, so several may run at once.
+_TPU_ACCELERATOR_TYPES = {"v4": "v4-8", "v5e": "v5litepod-4", "v5p": "v5p-8", "v6e": "v6e-4"}
+
+if _argv_target(sys.argv) == "h100":
+    # A CUDA compile target on a CPU host: set before jax loads.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
+elif _argv_target(sys.argv).startswith("tpu:"):
+    # A TPU compile target on a host without one: set before jax (and libtpu) load.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    _gen = _argv_target(sys.argv)[len("tpu:"):].split(":", 1)[0]
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", _TPU_ACCELERATOR_TYPES.get(_gen, "v5litepod-4"))
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -37,7 +64,11 @@ def define_step_flags() -> None:
     flags.DEFINE_integer("predictions", None, "MLM slots per example (default: ceil(0.15 * "
                          "seq): 20 at 128 as BERT's data, 77 at 512; as gpu_suite.py).")
     flags.DEFINE_string("dtype", "bfloat16", "Compute dtype (params stay float32).")
-    flags.DEFINE_enum("target", "cpu", ["cpu", "h100", "device"], "What to compile for.")
+    flags.DEFINE_string("target", "cpu", "What to compile for: cpu, h100, device, or "
+                        "tpu:<topology> (e.g. tpu:v5e:2x2, tpu:v4:2x2x2: a TPU slice, on the "
+                        "config's mesh).")
+    flags.register_validator("target", lambda t: parse_target(t) is not None,
+                             "expected cpu, h100, device or tpu:<topology>, e.g. tpu:v5e:2x2")
     flags.DEFINE_string("gpu_target_config", DEFAULT_GPU_TARGET,
                         "GPU target description (text proto) for --target=h100.")
     flags.DEFINE_bool("dropout", True, "Dropout on (as in training).")
@@ -67,9 +98,39 @@ def gpu_target_devices(target_config_path: str):
     return list(topo.devices)
 
 
+def parse_target(target: str):
+    """(kind, topology) of a --target value: ("cpu" | "h100" | "device", None) or ("tpu",
+    "v5e:2x2"); None when it is none of these."""
+    if target in ("cpu", "h100", "device"):
+        return target, None
+    if target.startswith("tpu:") and target[len("tpu:"):]:
+        return "tpu", target[len("tpu:"):]
+    return None
+
+
+def tpu_target_devices(topology_name: str):
+    """The devices of a TPU slice described by its topology name (e.g. "v5e:2x2", "v4:2x2x2",
+    multi-host ones included); needs libtpu (the `[tpu]` extra), not a TPU."""
+    from jax.experimental import topologies
+
+    try:
+        topo = topologies.get_topology_desc(platform="tpu", topology_name=topology_name)
+    except Exception as e:  # noqa: BLE001 - libtpu's own error is the useful part
+        raise SystemExit(
+            f"cannot build a TPU compile target for topology {topology_name!r}: {e}\n"
+            "install libtpu of the version the installed jax pins (pip install "
+            "'bert_jax[tpu]', or jax[tpu] of jax's version); topology names look like "
+            "v5e:2x2, v4:2x2x1, v5p:2x2x1, v6e:2x2") from None
+    return list(topo.devices)
+
+
 def target_devices(target: str, gpu_target_config: str = DEFAULT_GPU_TARGET):
-    """One device to compile for: "h100" (a compile-only GPU target), "cpu" (the host) or
-    "device" (the first local device)."""
+    """The devices to compile for: "h100" (a compile-only GPU target), "tpu:<topology>"
+    (every device of a compile-only TPU slice), "cpu" (the host) or "device" (the first
+    local device)."""
+    kind, topology = parse_target(target)
+    if kind == "tpu":
+        return tpu_target_devices(topology)
     if target == "h100":
         return gpu_target_devices(gpu_target_config)
     if target == "cpu":
@@ -89,9 +150,11 @@ def abstract_batch(batch: int, seq: int, preds: int, sharding) -> dict:
                 next_sentence_labels=s((batch, 1), jnp.int32))
 
 
-def lower_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bool = True):
-    """(lowered step, model config): the trainer's jitted step (bert_jax.train.step) on a
-    one-axis data-parallel mesh over `devices`, lowered on abstract state and batch."""
+def lower_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bool = True,
+               config_mesh: bool = False):
+    """(lowered step, model config): the trainer's jitted step (bert_jax.train.step)
+    lowered on abstract state and batch, on a one-axis data-parallel mesh over `devices`, or
+    with `config_mesh` on the config's own `mesh` section (as the trainer builds it)."""
     from bert_jax import optim
     from bert_jax import sharding as sharding_lib
     from bert_jax.data import device as data_device
@@ -103,7 +166,8 @@ def lower_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bo
     with config.unlocked():
         if "optimizer" not in config:
             config_lib.add_training_sections(config)
-        config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+        if not config_mesh:
+            config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
     mesh = sharding_lib.make_mesh(config.mesh, devices)
     rules = sharding_lib.rules_from_config(config.mesh)
     task = PretrainingTask(config, "")
@@ -120,9 +184,11 @@ def lower_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bo
     return fn.lower(abstract, abstract_batch(batch, seq, preds, bsh), rng), task.model_config
 
 
-def compile_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bool = True):
+def compile_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bool = True,
+                 config_mesh: bool = False):
     """(compiled step, model config, compile seconds) of lower_step's step."""
-    lowered, mcfg = lower_step(config, batch, seq, preds, devices, dropout=dropout)
+    lowered, mcfg = lower_step(config, batch, seq, preds, devices, dropout=dropout,
+                               config_mesh=config_mesh)
     t = time.perf_counter()
     compiled = lowered.compile()
     return compiled, mcfg, time.perf_counter() - t

@@ -44,7 +44,7 @@ import sys
 if __package__ in (None, ""):
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# Before jax: sets the environment a CUDA compile target on a CPU host needs.
+# Before jax: sets the environment a GPU or TPU compile target on a CPU host needs.
 from benchmarks import compiled_step  # noqa: E402
 
 from absl import app, flags  # noqa: E402
@@ -531,7 +531,8 @@ def main(argv):
         config.model.dtype = FLAGS.dtype
     preds = compiled_step.predictions_for(FLAGS.seq, FLAGS.predictions)
     compiled, mcfg, compile_s = compiled_step.compile_step(
-        config, FLAGS.batch, FLAGS.seq, preds, devices, dropout=FLAGS.dropout)
+        config, FLAGS.batch, FLAGS.seq, preds, devices, dropout=FLAGS.dropout,
+        config_mesh=compiled_step.parse_target(FLAGS.target)[0] == "tpu")
     print(compiled_step.describe(mcfg, compiled_step.attention_path(mcfg, devices,
                                                                      dropout=FLAGS.dropout)))
     print(f"step: batch {FLAGS.batch} x {FLAGS.seq}, {preds} MLM slots, dropout "
