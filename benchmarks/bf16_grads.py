@@ -23,14 +23,18 @@ from bert_jax.data.synthetic import synthetic_batch
 from bert_jax.models import BertConfig, BertForPreTraining
 from bert_jax.tasks.pretraining.loss import pretraining_loss
 
-_LAYERS = flags.DEFINE_integer("layers", 2, "Encoder layers.")
-_HIDDEN = flags.DEFINE_integer("hidden", 256, "Hidden size (heads = hidden / 64, FFN 4x).")
-_VOCAB = flags.DEFINE_integer("vocab", 30522, "Vocabulary size.")
-_BATCH = flags.DEFINE_integer("batch", 128, "Sequences.")
-_SEQ = flags.DEFINE_integer("seq", 128, "Sequence length.")
-_PREDS = flags.DEFINE_integer("predictions", 20, "MLM slots per sequence.")
-_SEED = flags.DEFINE_integer("seed", 0, "Params and batch seed.")
+FLAGS = flags.FLAGS
 
+
+def define_flags() -> None:
+    """The script's flags (defined only when it runs: the test imports its functions)."""
+    flags.DEFINE_integer("layers", 2, "Encoder layers.")
+    flags.DEFINE_integer("hidden", 256, "Hidden size (heads = hidden / 64, FFN 4x).")
+    flags.DEFINE_integer("vocab", 30522, "Vocabulary size.")
+    flags.DEFINE_integer("batch", 128, "Sequences.")
+    flags.DEFINE_integer("seq", 128, "Sequence length.")
+    flags.DEFINE_integer("predictions", 20, "MLM slots per sequence.")
+    flags.DEFINE_integer("seed", 0, "Params and batch seed.")
 
 def group(path: str) -> str:
     """'weight', 'bias', 'layernorm', 'embedding' or 'symmetric' (left out of the bound)."""
@@ -45,30 +49,43 @@ def group(path: str) -> str:
     return "weight"
 
 
-def relative_errors(config: BertConfig, batch: dict, seed: int = 0) -> dict[str, float]:
-    """{param path: relative error of the bfloat16-compute gradient} for `config` (whose
-    dtype is ignored), float32 params."""
+def gradient_fns(config: BertConfig, batch: dict, seed: int = 0):
+    """(float32 params, grad_fn): grad_fn(dtype) is jax.grad of the pre-training loss with
+    `config`'s compute dtype set to `dtype` (params stay float32), dropout as in `config`."""
     model32 = BertForPreTraining(config.replace(dtype="float32"))
     params = jax.jit(lambda: model32.init(
         jax.random.PRNGKey(seed), batch["input_ids"][:1],
         masked_lm_positions=batch["masked_lm_positions"][:1]))()["params"]
 
-    def grads(dtype):
+    def grad_fn(dtype):
         model = BertForPreTraining(config.replace(dtype=dtype))
 
         def loss(p):
             mlm, nsp = model.apply({"params": p}, batch["input_ids"], batch["input_mask"],
                                    batch["segment_ids"],
                                    masked_lm_positions=batch["masked_lm_positions"])
+            assert mlm.dtype == jnp.dtype(dtype)  # the logits stay in the compute dtype
             return pretraining_loss(mlm, nsp, batch)[0]
 
-        return jax.jit(jax.grad(loss))(params)
+        return jax.grad(loss)
 
-    g32, g16 = grads("float32"), grads("bfloat16")
+    return params, grad_fn
+
+
+def param_path(path) -> str:
+    """"bert/encoder/layer_0/attention/query/bias" of a tree path (flax's boxes skipped)."""
+    return "/".join(str(getattr(k, "key", k)) for k in path if str(k) != ".value")
+
+
+def relative_errors(config: BertConfig, batch: dict, seed: int = 0) -> dict[str, float]:
+    """{param path: relative error of the bfloat16-compute gradient} for `config` (whose
+    dtype is ignored), float32 params."""
+    params, grad_fn = gradient_fns(config, batch, seed)
+    g32, g16 = (jax.jit(grad_fn(d))(params) for d in ("float32", "bfloat16"))
     out = {}
     for (path, a), (_, b) in zip(jax.tree_util.tree_leaves_with_path(g32),
                                  jax.tree_util.tree_leaves_with_path(g16)):
-        name = "/".join(str(getattr(k, "key", k)) for k in path if str(k) != ".value")
+        name = param_path(path)
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
         out[name] = float(np.linalg.norm(b - a) / max(np.linalg.norm(a), 1e-30))
     return out
@@ -76,18 +93,18 @@ def relative_errors(config: BertConfig, batch: dict, seed: int = 0) -> dict[str,
 
 def main(argv):
     del argv
-    h = _HIDDEN.value
-    config = BertConfig(vocab_size=_VOCAB.value, hidden_size=h, num_hidden_layers=_LAYERS.value,
+    h = FLAGS.hidden
+    config = BertConfig(vocab_size=FLAGS.vocab, hidden_size=h, num_hidden_layers=FLAGS.layers,
                         num_attention_heads=max(1, h // 64), intermediate_size=4 * h,
                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    batch = synthetic_batch(np.random.default_rng(_SEED.value), _BATCH.value, _SEQ.value,
-                            _PREDS.value, vocab_size=config.vocab_size, cls_id=101,
+    batch = synthetic_batch(np.random.default_rng(FLAGS.seed), FLAGS.batch, FLAGS.seq,
+                            FLAGS.predictions, vocab_size=config.vocab_size, cls_id=101,
                             sep_id=102, mask_id=103)
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
-    errors = relative_errors(config, batch, _SEED.value)
-    print(f"jax {jax.__version__}, {jax.devices()[0].platform}; {_LAYERS.value} layers, "
-          f"H={h}, vocab {config.vocab_size}, batch {_BATCH.value} x {_SEQ.value}, "
-          f"{_PREDS.value} MLM slots, dropout off")
+    errors = relative_errors(config, batch, FLAGS.seed)
+    print(f"jax {jax.__version__}, {jax.devices()[0].platform}; {FLAGS.layers} layers, "
+          f"H={h}, vocab {config.vocab_size}, batch {FLAGS.batch} x {FLAGS.seq}, "
+          f"{FLAGS.predictions} MLM slots, dropout off")
     print(f"{'tensor':60s} {'group':10s} rel. error")
     for name, err in errors.items():
         print(f"{name:60s} {group(name):10s} {100 * err:8.3f}%")
@@ -103,4 +120,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -1,8 +1,9 @@
 """Under bfloat16 compute with float32 params, gradients accumulate in float32: the bias,
 LayerNorm and embedding gradients are as close to the float32-compute ones as the weight
 matrices' are (what bfloat16 activations cost), not several times further
-(benchmarks/bf16_grads.py prints the table)."""
+(benchmarks/bf16_grads.py prints the table; its gradients are the ones tested here)."""
 
+import importlib.util
 import statistics
 
 import jax
@@ -11,8 +12,12 @@ import numpy as np
 import pytest
 
 from bert_jax.data.synthetic import synthetic_batch
-from bert_jax.models import BertConfig, BertForPreTraining
-from bert_jax.tasks.pretraining.loss import pretraining_loss
+from bert_jax.models import BertConfig
+from tests.conftest import REPO
+
+_SPEC = importlib.util.spec_from_file_location("bf16_grads", REPO / "benchmarks/bf16_grads.py")
+bf16_grads = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(bf16_grads)
 
 # Large enough a batch (64 x 128) that a bfloat16 sum over batch x length shows.
 CONFIG = BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2,
@@ -22,8 +27,7 @@ BATCH, SEQ, PREDS = 64, 128, 20
 
 
 def _paths(tree):
-    return ["/".join(str(getattr(k, "key", k)) for k in path if str(k) != ".value")
-            for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
+    return [bf16_grads.param_path(path) for path, _ in jax.tree_util.tree_leaves_with_path(tree)]
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["qkv", "fused_qkv"])
@@ -32,22 +36,7 @@ def gradients(request):
     batch = synthetic_batch(np.random.default_rng(0), BATCH, SEQ, PREDS,
                             vocab_size=config.vocab_size, cls_id=101, sep_id=102, mask_id=103)
     batch = {k: jnp.asarray(v) for k, v in batch.items()}
-    params = BertForPreTraining(config).init(
-        jax.random.PRNGKey(0), batch["input_ids"][:1],
-        masked_lm_positions=batch["masked_lm_positions"][:1])["params"]
-
-    def grad_fn(dtype):
-        model = BertForPreTraining(config.replace(dtype=dtype))
-
-        def loss(p):
-            mlm, nsp = model.apply({"params": p}, batch["input_ids"], batch["input_mask"],
-                                   batch["segment_ids"],
-                                   masked_lm_positions=batch["masked_lm_positions"])
-            assert mlm.dtype == jnp.dtype(dtype)  # the logits stay in the compute dtype
-            return pretraining_loss(mlm, nsp, batch)[0]
-
-        return jax.grad(loss)
-
+    params, grad_fn = bf16_grads.gradient_fns(config, batch)
     bf16 = grad_fn("bfloat16")
     return (jax.jit(grad_fn("float32"))(params), jax.jit(bf16)(params),
             str(jax.make_jaxpr(bf16)(params)))
