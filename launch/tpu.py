@@ -254,13 +254,19 @@ def cmd_train(args, gcloud: Gcloud) -> None:
     run = args.run or time.strftime("run-%Y%m%d-%H%M%S")
     if not re.fullmatch(r"[A-Za-z0-9._-]+", run):
         raise Failed(f"train: --run={run}: use letters, digits, '.', '_' or '-'", 2)
+    config_file = args.config.partition(":")[0]
+    if not (CHECKOUT / config_file).is_file():
+        # Every worker runs the path in its copy of this checkout: a typo would start a
+        # trainer that fails on every host.
+        raise Failed(f"train: --config={args.config}: no file {config_file} in {CHECKOUT} "
+                     f"(a path relative to the checkout, e.g. configs/bert_base.py)", 2)
     if not args.workdir.startswith("gs://"):
         print(f"warning: --workdir={args.workdir} is not a bucket: each worker writes its "
               f"own disk, and the logs stay on the workers", file=sys.stderr)
     trainer = ["launch/train.py", f"--config={args.config}", f"--workdir={args.workdir}",
                *args.trainer_flags]
     gcloud("train", _ssh(args, _train_script(run, trainer, args.workdir)))
-    print(f"started run {run}: python launch/tpu.py logs --name={args.name} --run={run} "
+    print(f"{'would start' if gcloud.dry_run else 'started'} run {run}: python launch/tpu.py logs --name={args.name} --run={run} "
           f"--worker=0", file=sys.stderr)
 
 

@@ -252,6 +252,15 @@ def test_train_needs_config_and_workdir(fake):
     assert fake() == []
 
 
+def test_train_refuses_a_config_that_is_not_in_the_checkout(fake):
+    r = tpu("train", "--name=bert", *WHERE, "--config=configs/nope.py:x", "--workdir=gs://b/w")
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: train: --config=configs/nope.py:x: no file configs/nope.py in {REPO} (a path "
+        "relative to the checkout, e.g. configs/bert_base.py)"]
+    assert fake() == []  # nothing started on any worker
+
+
 def test_logs_status_delete(fake):
     assert tpu("logs", "--name=bert", *WHERE, "--worker=2", "--run=base", "--lines=20",
                "--follow").returncode == 0
@@ -302,7 +311,7 @@ def test_the_status_command_finds_the_trainer(fake, tmp_path):
     (["create", "--accelerator_type=v4-8"], "tpu-vm create", "create"),
     (["create", "--queued", "--accelerator_type=v4-8"], "queued-resources create", "create"),
     (["setup", "--repo=https://example.com/b.git"], "tpu-vm ssh", "setup: clone"),
-    (["train", "--config=c.py", "--workdir=gs://b/w"], "tpu-vm ssh", "train"),
+    (["train", "--config=configs/bert_tiny.py", "--workdir=gs://b/w"], "tpu-vm ssh", "train"),
     (["logs"], "tpu-vm ssh", "logs"),
     (["status"], "tpu-vm describe", "status: describe"),
     (["status", "--queued"], "queued-resources describe", "status: describe"),
