@@ -31,6 +31,10 @@ DESCRIPTIONS = {
                              "training workdir (fine-tuning: the pretrained encoder).",
     "train.init_state": "`params`: the weights only; `full`: a workdir's weights, optimizer "
                         "state, step and RNG (phase 2).",
+    "train.init_extend_positions": "Warm start with more positions than the checkpoint: "
+                                   "`repeat` repeats the learned rows; empty: refused.",
+    "train.init_extend_vocab": "Warm start with a vocabulary extending the checkpoint's: "
+                               "`mean` averages a new entry's old pieces; empty: refused.",
     "train.random_init": "Fine-tuning control run: the checkpoint's architecture with fresh "
                          "random weights.",
     "train.do_train": "Fine-tuning: False evaluates and predicts with a fine-tuned "

@@ -3,8 +3,9 @@ the paper's defaults, the keys that moved, and loading a config from Python.
 
     config.train       batch_size, eval_batch_size, steps or epochs, seed, accum_steps,
                        log_every, eval_every, eval_steps, init_checkpoint, init_state,
-                       random_init, do_train, skip_nonfinite, deterministic, tensorboard,
-                       profile_steps, profile_start
+                       init_extend_positions, init_extend_vocab, random_init, do_train,
+                       skip_nonfinite, deterministic, tensorboard, profile_steps,
+                       profile_start
     config.schedule    lr, warmup_steps (< 0: warmup_ratio of the steps), warmup_ratio, decay,
                        power, end_lr, total_steps (-1: the run's steps)
     config.optimizer   name (adamw | lamb), b1, b2, eps, weight_decay, clip_norm, layer_decay
@@ -70,6 +71,12 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         # What to take from a workdir init_checkpoint: "params", or "full" = params,
         # optimizer state, step and RNG (phase 2 continuing phase 1's schedule).
         init_state="params",
+        # Shape changes a warm start takes on purpose ("": refused): a longer
+        # model.max_position_embeddings ("repeat": new rows repeat the learned table) and a
+        # larger vocabulary extending the checkpoint's ("mean": a new entry's row is the
+        # mean of its pieces' rows under the old vocabulary). bert_jax/train/warm_start.py.
+        init_extend_positions="",
+        init_extend_vocab="",
         random_init=False,       # fine-tuning control run: the architecture, fresh weights
         do_train=True,           # fine-tuning: False evaluates / predicts init_checkpoint
         skip_nonfinite=False,    # False: stop naming the step; True: skip that update
