@@ -225,6 +225,31 @@ def test_loop_bounds_visit_only_the_blocks_of_the_band():
     bwd = [np.subtract(*_ints(pallas_flash.q_block_range(j * 64, 64, 64, 128, cfg)))
            for j in range(128)]
     assert max(-b for b in bwd) == 3
+    # visited_blocks (benchmarks' FLOPs estimate) adds them up: 254 of the forward's 8192
+    # block pairs (band 129 wide over 128-row blocks), 382 of the backward's 16384
+    assert pallas_flash.visited_blocks(8192, 64) == {
+        "fwd": (128, 64, 254, 8192), "dq": (64, 64, 382, 16384), "dkdv": (64, 64, 382, 16384)}
+    assert pallas_flash.visited_blocks(8192, 0)["fwd"] == (128, 64, 8192, 8192)
+    assert pallas_flash.visited_blocks(64, 63)["dkdv"][2:] == (1, 1)  # as wide as the row
+
+
+@pytest.mark.slow
+def test_the_window_benchmark_runs_on_cpu():
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "benchmarks/attention_window.py", "--length=64", "--window=5",
+         "--batch=1", "--heads=1", "--head_dim=16", "--steps=1", "--block_q=16",
+         "--block_k=16", "--xla"], cwd=repo, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": repo})
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = {tuple(line.split()[:2]): line.split() for line in out.stdout.splitlines()
+            if line.startswith(("pallas", "xla"))}
+    assert rows[("pallas", "0")][4] == "1.000" and rows[("pallas", "5")][4] == "0.625"
+    assert float(rows[("pallas", "5")][3]) < float(rows[("pallas", "0")][3])
 
 
 def test_skipped_blocks_are_never_read():

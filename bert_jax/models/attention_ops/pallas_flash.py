@@ -137,15 +137,11 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
                              f"interpret mode), not {plat}")
         interpret = plat == "cpu"
 
-    fwd_blocks = (_block("block_q", block_q, 128, q_len),
-                  _block("block_k", block_k, 64, kv_len))
-    bwd_blocks = (_block("bwd_block_q", bwd_block_q or block_q, 64, q_len),
-                  _block("bwd_block_k", bwd_block_k or block_k, 64, kv_len))
+    fwd_blocks, bwd_blocks, q_pad, kv_pad = _schedule(q_len, kv_len, block_q, block_k,
+                                                      bwd_block_q, bwd_block_k)
     num_warps = _tuning("num_warps", num_warps, 4, lambda n: n <= 32 and _pow2(n),
                         "a power of two <= 32")
     num_stages = _tuning("num_stages", num_stages, 2, lambda n: True, "an integer >= 1")
-    q_pad = _round_up(q_len, max(fwd_blocks[0], bwd_blocks[0]))
-    kv_pad = _round_up(kv_len, max(fwd_blocks[1], bwd_blocks[1]))
     d_pad = max(16, pl.next_power_of_2(head_dim))  # Triton: power-of-two tiles, dots >= 16
     as_dtype = lambda x: float(np.asarray(x, q.dtype))  # noqa: E731 - round to compute dtype
     cfg = _Cfg(q_len=q_len, kv_len=kv_len, kv_padded=kv_pad != kv_len,
@@ -177,6 +173,44 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     o = _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), pad2(q_segment_ids, q_pad),
                pad2(kv_segment_ids, kv_pad), params, cfg)
     return o[:, :q_len, :, :head_dim]
+
+
+def _schedule(q_len, kv_len, block_q, block_k, bwd_block_q, bwd_block_k):
+    """(fwd_blocks, bwd_blocks, q_pad, kv_pad): the (block_q, block_k) of the forward and
+    of the backward kernels and the lengths padded to a multiple of both."""
+    fwd_blocks = (_block("block_q", block_q, 128, q_len),
+                  _block("block_k", block_k, 64, kv_len))
+    bwd_blocks = (_block("bwd_block_q", bwd_block_q or block_q, 64, q_len),
+                  _block("bwd_block_k", bwd_block_k or block_k, 64, kv_len))
+    q_pad = _round_up(q_len, max(fwd_blocks[0], bwd_blocks[0]))
+    kv_pad = _round_up(kv_len, max(fwd_blocks[1], bwd_blocks[1]))
+    return fwd_blocks, bwd_blocks, q_pad, kv_pad
+
+
+def visited_blocks(length: int, window: int = 0, *, block_q=None, block_k=None,
+                   bwd_block_q=None, bwd_block_k=None) -> dict:
+    """What the three kernels of a self-attention call over `length` tokens visit, per
+    (example, head): {"fwd", "dq", "dkdv"}: (block_q, block_k, visited block pairs,
+    block pairs in the grid)}. For estimates of the work a window saves (benchmarks)."""
+    fwd, bwd, q_pad, kv_pad = _schedule(length, length, block_q, block_k, bwd_block_q,
+                                        bwd_block_k)
+    cfg = _Cfg(q_len=length, kv_len=length, kv_padded=False, q_scale=1.0, threshold=0,
+               keep_scale=1.0, total_heads=1, fwd_blocks=fwd, bwd_blocks=bwd, num_warps=4,
+               num_stages=2, interpret=True, window=0 if window >= length - 1 else window)
+
+    def count(outer, inner, n_outer, n_inner, bounds):
+        ranges = (bounds(i * outer, outer, inner, n_inner, cfg) for i in range(n_outer))
+        return sum(int(hi) - int(lo) for lo, hi in ranges)
+
+    grid = lambda bq, bk: (q_pad // bq) * (kv_pad // bk)  # noqa: E731
+    return {
+        "fwd": (*fwd, count(fwd[0], fwd[1], q_pad // fwd[0], kv_pad // fwd[1], kv_block_range),
+                grid(*fwd)),
+        "dq": (*bwd, count(bwd[0], bwd[1], q_pad // bwd[0], kv_pad // bwd[1], kv_block_range),
+               grid(*bwd)),
+        "dkdv": (*bwd, count(bwd[1], bwd[0], kv_pad // bwd[1], q_pad // bwd[0], q_block_range),
+                 grid(*bwd)),
+    }
 
 
 def _pow2(n) -> bool:
@@ -252,7 +286,8 @@ def _band_rows(q_start, n, cfg):
 def _in_band(q_start, bq, k_start, bk, cfg):
     """<bool>[bq, bk]: key k_start + c lies in the band of row q_start + r."""
     cols = k_start + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
-    return jnp.abs(_band_rows(q_start, bq, cfg) - cols) <= cfg.window
+    rows = _band_rows(q_start, bq, cfg)
+    return (cols >= rows - cfg.window) & (cols <= rows + cfg.window)
 
 
 def kv_block_range(q_start, bq, bk, n_blocks, cfg):
@@ -264,8 +299,10 @@ def kv_block_range(q_start, bq, bk, n_blocks, cfg):
         return 0, n_blocks
     first = jnp.minimum(q_start, cfg.q_len - 1)
     last = jnp.minimum(q_start + bq - 1, cfg.q_len - 1)
-    lo = jnp.maximum(first - cfg.window, 0) // bk
-    hi = jnp.minimum(last + cfg.window, cfg.kv_len - 1) // bk + 1
+    # Non-negative operands: lax.div (truncating) is the floor division, and lowers in
+    # every Pallas backend.
+    lo = lax.div(jnp.maximum(first - cfg.window, 0), bk)
+    hi = lax.div(jnp.minimum(last + cfg.window, cfg.kv_len - 1), bk) + 1
     return lo, hi
 
 
@@ -279,8 +316,8 @@ def q_block_range(k_start, bk, bq, n_blocks, cfg):
         return 0, n_blocks
     lo_row = jnp.maximum(k_start - cfg.window, 0)
     hi_row = jnp.minimum(k_start + bk - 1 + cfg.window, cfg.q_len - 1)
-    lo = lo_row // bq
-    return lo, jnp.where(lo_row <= hi_row, hi_row // bq + 1, lo)
+    lo = lax.div(lo_row, bq)
+    return lo, jnp.where(lo_row <= hi_row, lax.div(hi_row, bq) + 1, lo)
 
 
 def _row_hashes(params_ref, b, h, q_start, bq, cfg):
