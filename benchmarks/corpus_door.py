@@ -9,8 +9,8 @@ heading, a See also list, categories; one page in 20 a redirect). Then it runs t
 line as a subprocess for each --workers value and prints input MB/s, MB/s per worker,
 CPU seconds and the peak memory of the process tree (RSS summed over the main process and
 its workers, sampled every 20 ms with psutil). MB per CPU-second (the run's and its
-workers' CPU time, start-up included) is what one core gives when it has the core to itself:
-on a shared machine the wall-clock figures are noisy.
+workers' CPU time, start-up included) is the speed of a core that is not shared: where
+other work runs, the wall-clock figures are noisy.
 
     python benchmarks/corpus_door.py                 # 20 MB, 1 and 2 workers
     python benchmarks/corpus_door.py --mb=40 --workers=2   # peak memory against --mb=20
