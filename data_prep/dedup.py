@@ -13,35 +13,42 @@ similarity of its word `shingle`-grams (after the same normalization) with a kep
 document is >= `threshold`. The answer depends only on the texts and the order of the
 calls, so a corpus read in the same order gives the same output.
 
-Near duplicates: MinHash signatures indexed by datasketch's MinHashLSH, its banding chosen
-for recall (at the default threshold, a pair with Jaccard similarity 0.9 is a candidate
-with probability 0.999, 0.85 with 0.975). The LSH gives candidates; a candidate counts only when the
-two signatures agree on >= threshold of their `num_perm` values, so the banding's false
-positives are not dropped. The signature is computed with numpy in one pass per document
-(datasketch's `MinHash.update_batch` hashes every shingle with SHA-1 in Python, which alone
-would take most of the front door's time budget): a shingle's hash is a polynomial hash of
-its UTF-8 bytes mod 2^64, all shingles at once from prefix sums, mixed down to 32 bits;
-the `num_perm` permutations are affine maps mod 2^32 with odd multipliers (datasketch's
-own "affine32" scheme).
+Near duplicates: MinHash with LSH banding (Broder; Leskovec et al., Mining of Massive
+Datasets, ch. 3). A kept document's `num_perm`-value signature is cut into `b` bands of
+`r` values; a new document whose band equals a kept one's in any band is a candidate, and
+counts as "near" only when the two signatures agree on >= threshold of their values, so
+the banding's false candidates are never dropped. `b` and `r` minimise 0.1 x the false
+candidate rate + 0.9 x the missed rate (datasketch's MinHashLSH optimiser and weights):
+recall first, since the check removes false candidates. At the defaults (b=14, r=9) a
+pair with Jaccard similarity 0.9 is a candidate with probability 0.999, 0.85 with 0.975.
 
-Memory per kept document: a 16-byte digest of the normalized text (exact duplicates), its
-signature (4 bytes x `num_perm`: 512 bytes at the default) and one entry in each of the LSH
-band tables (9 bands at the defaults, each a key of 8 bytes after hashing the band). With
-Python's object overhead that is about 1.5 KB per document: about 9 GB for English
-Wikipedia's ~6M articles. Dedup is per process: run it where all documents pass (the
+Why not datasketch itself, the usual library: its `MinHash.update_batch` hashes every
+shingle with SHA-1 in Python, slower than the rest of the front door together, and its
+MinHashLSH keeps a Python set for every bucket, about three times the memory of the plain
+tables here (see benchmarks/RESULTS.md). Here a signature is a few numpy operations
+per document (a shingle's hash is a polynomial hash of its UTF-8 bytes mod 2^64, all
+shingles at once from prefix sums; the permutations are affine maps mod 2^32 with odd
+multipliers, datasketch's "affine32" scheme), and a band table maps a 64-bit key to a
+document number.
+
+Memory per kept document: its signature (4 bytes x `num_perm`, in blocks of a numpy
+array), an entry in each of the `b` band tables (a 64-bit key object and a dict slot) and
+a 128-bit digest of the normalized text in a set: about 1.5 KB at the defaults, about
+9 GB for English Wikipedia. Dedup is per process: run it where all documents pass (the
 front door's single writer), or shard the corpus by a hash of the text first.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
-from datasketch import LeanMinHash, MinHashLSH
 
 _P = np.uint64(0x100000001B3)  # the polynomial hash's base (odd: invertible mod 2^64)
 _P_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # odd 64-bit multiplier of the final mix
+_BLOCK = 1024  # signatures per block of the signature store
 
 
 def normalize(text: str) -> str:
@@ -49,9 +56,21 @@ def normalize(text: str) -> str:
     return " ".join(text.casefold().split())
 
 
-def _band_hash(band: bytes) -> bytes:
-    """An LSH band's key: 8 bytes instead of the band's 4 x r bytes."""
-    return hashlib.blake2b(band, digest_size=8).digest()
+@functools.lru_cache(maxsize=None)
+def lsh_bands(threshold: float, num_perm: int, false_candidate_weight: float = 0.1,
+              missed_weight: float = 0.9) -> tuple[int, int]:
+    """(b, r), b * r <= num_perm, minimising the weighted areas under the false-candidate
+    curve (Jaccard below the threshold) and the missed curve (above it)."""
+    lo, hi = np.linspace(0.0, threshold, 201), np.linspace(threshold, 1.0, 201)
+    best = (np.inf, 1, num_perm)
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            false = np.trapezoid(1 - (1 - lo ** r) ** b, lo)
+            missed = np.trapezoid((1 - hi ** r) ** b, hi)
+            error = false_candidate_weight * false + missed_weight * missed
+            if error < best[0]:
+                best = (error, b, r)
+    return best[1], best[2]
 
 
 class Deduplicator:
@@ -71,12 +90,13 @@ class Deduplicator:
         rng = np.random.RandomState(seed)
         self._a = rng.randint(0, 1 << 31, num_perm, dtype=np.uint32) * np.uint32(2) + np.uint32(1)
         self._b = rng.randint(0, 1 << 32, num_perm, dtype=np.uint32)
-        # Banding that misses few pairs above the threshold (weights: false positives,
-        # false negatives): its extra candidates are checked on the signatures anyway.
-        self._lsh = MinHashLSH(threshold=threshold, num_perm=num_perm, weights=(0.1, 0.9),
-                               hashfunc=_band_hash)
-        self._digests: set[bytes] = set()
-        self._signatures: list[np.ndarray] = []
+        self.bands, self.rows = lsh_bands(threshold, num_perm)
+        # A band's key: its r values (as uint64) times random odd 64-bit multipliers, summed.
+        self._band_mult = (rng.randint(0, 1 << 63, (self.bands, self.rows), dtype=np.uint64)
+                           * np.uint64(2) + np.uint64(1))
+        self._tables: list[dict[int, int | list[int]]] = [{} for _ in range(self.bands)]
+        self._blocks: list[np.ndarray] = []
+        self._digests: set[int] = set()
         # A near duplicate needs this many equal signature values.
         self._min_equal = int(np.ceil(threshold * num_perm - 1e-9))
         self._pow = self._inv = np.zeros(0, np.uint64)
@@ -115,22 +135,41 @@ class Deduplicator:
         m += self._b
         return m.min(axis=0)
 
+    def _stored(self, key: int) -> np.ndarray:
+        return self._blocks[key // _BLOCK][key % _BLOCK]
+
     def check(self, text: str) -> str | None:
         """None: new (now remembered); "exact" or "near": a duplicate of a kept document."""
         norm = normalize(text)
-        digest = hashlib.blake2b(norm.encode("utf-8"), digest_size=16).digest()
+        digest = int.from_bytes(hashlib.blake2b(norm.encode("utf-8"), digest_size=16).digest())
         if digest in self._digests:
             self.exact += 1
             return "exact"
         sig = self.signature(norm)
-        minhash = LeanMinHash(seed=self.seed, hashvalues=sig, scheme="affine32")
-        for key in sorted(self._lsh.query(minhash)):
-            if int(np.count_nonzero(self._signatures[key] == sig)) >= self._min_equal:
+        bands = sig[:self.bands * self.rows].reshape(self.bands, self.rows).astype(np.uint64)
+        keys = (bands * self._band_mult).sum(axis=1).tolist()
+        candidates = set()
+        for table, k in zip(self._tables, keys):
+            hit = table.get(k)
+            if isinstance(hit, list):
+                candidates.update(hit)
+            elif hit is not None:
+                candidates.add(hit)
+        for c in sorted(candidates):
+            if int(np.count_nonzero(self._stored(c) == sig)) >= self._min_equal:
                 self.near += 1
                 return "near"
-        key = len(self._signatures)
-        self._signatures.append(sig)
-        self._lsh.insert(key, minhash, check_duplication=False)
+        doc = self.kept
+        if doc % _BLOCK == 0:
+            self._blocks.append(np.empty((_BLOCK, self.num_perm), np.uint32))
+        self._blocks[-1][doc % _BLOCK] = sig
+        for table, k in zip(self._tables, keys):
+            hit = table.setdefault(k, doc)
+            if hit != doc:
+                if isinstance(hit, list):
+                    hit.append(doc)
+                else:
+                    table[k] = [hit, doc]
         self._digests.add(digest)
         self.kept += 1
         return None

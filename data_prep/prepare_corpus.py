@@ -36,9 +36,9 @@ The stages, for engines that run them elsewhere (Apache Beam):
   * `clean_document(raw, options) -> Cleaned(sentences | None, drop reason, note)`: pure, the
     per-document work (parse, strip, fix, split, length checks);
   * `fingerprint(sentences, options)`: pure, the expensive half of deduplication (the
-    digest and MinHash signature of `dedup_text(sentences)`), done beside the cleaning;
-  * `check_fingerprint(deduplicator, digest, signature)`: stateful, Deduplicator.check
-    (data_prep/dedup.py) on a fingerprint; the kept documents in input order;
+    MinHash signature of `dedup_text(sentences)`), done beside the cleaning;
+  * `check_fingerprint(deduplicator, sentences, signature)`: stateful, Deduplicator.check
+    (data_prep/dedup.py) with that signature; the kept documents in input order;
   * `format_document(sentences)`: the output text of one document.
 `prepare(options)` runs them locally: chunks of documents cleaned and fingerprinted by
 --num_workers processes, results taken in input order, deduplicated and written
@@ -813,44 +813,38 @@ def output_paths(spec: str, num_shards: int) -> list[str]:
 
 def _deduplicator(options: Options):
     from data_prep.dedup import Deduplicator
-    return Deduplicator(threshold=options.dedup_threshold)
+
+    class Presigned(Deduplicator):
+        """Deduplicator whose check takes the signature made beside the cleaning, in a
+        worker (`fingerprint`): the parent only looks it up and files it."""
+
+        given = None
+
+        def signature(self, norm):
+            return super().signature(norm) if self.given is None else self.given
+
+    return Presigned(threshold=options.dedup_threshold)
 
 
 def fingerprint(sentences: list[str], options: Options):
-    """What the deduplicator needs of a document, computed where it is cleaned (the
-    expensive half of Deduplicator.check): the digest of its normalized text and its
-    MinHash signature."""
-    import hashlib
-
+    """The expensive half of deduplication, computed where the document is cleaned: the
+    MinHash signature of its normalized text (Deduplicator.signature)."""
     from data_prep.dedup import normalize
 
     key = ("dedup", options.dedup_threshold)
     if key not in _STATE:
         _STATE[key] = _deduplicator(options)
-    norm = normalize(dedup_text(sentences))
-    digest = hashlib.blake2b(norm.encode("utf-8"), digest_size=16).digest()
-    return digest, _STATE[key].signature(norm)
+    return _STATE[key].signature(normalize(dedup_text(sentences)))
 
 
-def check_fingerprint(dedup, digest: bytes, sig) -> str | None:
-    """Deduplicator.check on a fingerprint: the same answers and state, in input order
-    (tests/data_prep/test_corpus_door.py compares the two)."""
-    import numpy as np
-    from datasketch import LeanMinHash
-
-    if digest in dedup._digests:
-        dedup.exact += 1
-        return "exact"
-    minhash = LeanMinHash(seed=dedup.seed, hashvalues=sig, scheme="affine32")
-    for key in sorted(dedup._lsh.query(minhash)):
-        if int(np.count_nonzero(dedup._signatures[key] == sig)) >= dedup._min_equal:
-            dedup.near += 1
-            return "near"
-    dedup._lsh.insert(len(dedup._signatures), minhash, check_duplication=False)
-    dedup._signatures.append(sig)
-    dedup._digests.add(digest)
-    dedup.kept += 1
-    return None
+def check_fingerprint(dedup, sentences: list[str], signature) -> str | None:
+    """Deduplicator.check of the document, with its signature from `fingerprint`: the same
+    answers and state (tests/data_prep/test_corpus_door.py compares the two)."""
+    dedup.given = signature
+    try:
+        return dedup.check(dedup_text(sentences))
+    finally:
+        dedup.given = None
 
 
 def _clean_chunk(docs: list[RawDoc], options: Options) -> list[tuple[Cleaned, tuple | None]]:
@@ -941,7 +935,7 @@ def prepare(options: Options) -> Summary:
                 summary.documents += 1
                 reason = c.reason
                 if reason is None and dedup is not None:
-                    found = check_fingerprint(dedup, *fp)
+                    found = check_fingerprint(dedup, c.sentences, fp)
                     reason = f"{found} duplicate" if found else None
                 if reason is not None:
                     summary.dropped[reason] += 1

@@ -40,25 +40,38 @@ LANGUAGES = ("am", "ar", "bg", "bn", "ca", "da", "de", "el", "en", "es", "fi", "
 # A numbered list's marker alone ("1.", "(2)", "3)"): belongs to the sentence after it.
 _LIST_MARKER = re.compile(r"\(?\d{1,3}[.)]")
 # Titles that never end a sentence.
-_TITLES = frozenset({"ms.", "mx.", "messrs."})
+_TITLES = ("Ms.", "Mx.", "Messrs.")
 # Abbreviations sentencex's English rules split after; joined to what follows only when
 # that cannot start a sentence (_CONTINUES), since most of them can also end one.
 _ABBREVIATIONS = frozenset(
     w + "." for w in ("approx vol vols ed eds est ft hrs ch sq no nos p pp mon tue tues "
                       "wed thu thur thurs fri sat sun").split())
-_CONTINUES = re.compile(r"[a-z0-9$€£%,;:)\]–]")
+_CONTINUES = frozenset("abcdefghijklmnopqrstuvwxyz0123456789$€£%,;:)]–")
 # What cannot start a sentence after any break.
-_PUNCT_START = re.compile(r"[,;:)\]–]")
+_PUNCT_START = frozenset(",;:)]–")
 
 
 def _join_en(pieces: list[str]) -> list[str]:
-    """English repairs over sentencex's stripped pieces of one paragraph."""
+    """English repairs over sentencex's stripped pieces of one paragraph. The common case
+    (the previous piece ends in ".", "!" or "?" and the next starts with a capital) costs a
+    few character tests."""
     out = [pieces[0]]
     for piece in pieces[1:]:
         prev = out[-1]
-        last = prev[prev.rfind(" ") + 1:].lstrip("(").lower()
-        if (last in _TITLES or _PUNCT_START.match(piece) or _LIST_MARKER.fullmatch(prev)
-                or (last in _ABBREVIATIONS and _CONTINUES.match(piece))):
+        first = piece[0]
+        if first in _PUNCT_START:
+            join = True
+        elif len(prev) <= 5 and _LIST_MARKER.fullmatch(prev):
+            join = True
+        elif prev[-1] != ".":
+            join = False
+        elif first in _CONTINUES:
+            last = prev[prev.rfind(" ") + 1:].lstrip("(")
+            join = last.lower() in _ABBREVIATIONS or last in _TITLES
+        else:
+            join = (prev.endswith(_TITLES)
+                    and prev[prev.rfind(" ") + 1:].lstrip("(") in _TITLES)
+        if join:
             out[-1] = prev + " " + piece
         else:
             out.append(piece)

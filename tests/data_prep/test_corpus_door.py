@@ -323,10 +323,10 @@ def test_fingerprint_check_answers_as_deduplicator_check():
     a, b = _long_doc(8), _long_doc(9)
     near = a.replace(a.split()[30], "other", 1)
     docs = [a, b, a, near, b.upper(), _long_doc(10)]
-    ref, mine = Deduplicator(), Deduplicator()
+    ref, mine = Deduplicator(), pc._deduplicator(o)
     answers = [ref.check(pc.dedup_text([d])) for d in docs]
     assert answers == [None, None, "exact", "near", "exact", None]
-    assert [pc.check_fingerprint(mine, *pc.fingerprint([d], o)) for d in docs] == answers
+    assert [pc.check_fingerprint(mine, [d], pc.fingerprint([d], o)) for d in docs] == answers
     assert (mine.kept, mine.exact, mine.near) == (ref.kept, ref.exact, ref.near)
 
 

@@ -5,9 +5,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
-from data_prep.dedup import Deduplicator, normalize
+from data_prep.dedup import Deduplicator, lsh_bands, normalize
 from tests.conftest import REPO
 
 
@@ -68,6 +69,32 @@ def test_threshold_decides():
     assert strict.check(edited) is None and loose.check(edited) == "near"
 
 
+def test_banding_and_candidates_against_brute_force():
+    """Overlapping windows of one text (many pairs near the threshold, shared buckets):
+    every "near" is a kept document whose signature agrees on >= 80%, and LSH finds
+    nearly all of those."""
+    assert lsh_bands(0.8, 128) == (14, 9)  # recall-weighted
+    assert lsh_bands(0.8, 128, 0.5, 0.5) == (9, 13)  # datasketch MinHashLSH's default
+    w = (REPO / "data_prep" / "sample_corpus" / "britannica.txt").read_text().split()
+    docs = [" ".join(w[i:i + 200]) for i in range(0, 8000, 7)]
+    d = Deduplicator()
+    kept, missed, found = np.zeros((0, 128), np.uint32), 0, 0
+    for doc in docs:
+        sig = d.signature(normalize(doc))
+        best = (kept == sig).sum(axis=1).max(initial=0)
+        answer = d.check(doc)
+        if answer == "near":
+            assert best >= 0.8 * 128
+            found += 1
+        else:
+            assert answer is None
+            missed += best >= 0.8 * 128
+            kept = np.vstack([kept, sig])
+    assert any(isinstance(v, list) for table in d._tables for v in table.values())
+    assert found > 700 and missed <= 0.05 * found, (found, missed)
+    assert (d.kept, d.near) == (len(kept), found)
+
+
 def test_short_and_empty_documents():
     d = Deduplicator()
     assert d.check("") is None and d.check("  \n") == "exact"
@@ -102,3 +129,18 @@ def test_deterministic_across_processes():
     assert outs[0] == outs[1]
     assert outs[0][0] == [None] * 20 + ["near"] * 7 + ["exact"] * 2
     assert len(outs[0][1]) == 128
+
+
+def test_benchmark_table():
+    out = subprocess.run([sys.executable, "benchmarks/dedup_speed.py", "--docs=300"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("300 documents, ")
+    assert lines[1].split() == ["implementation", "docs/s", "MB/s", "kept", "near", "exact",
+                                "B/kept", "doc"]
+    ours = lines[2].split()
+    assert ours[0] == "data_prep.dedup" and len(ours) == 7
+    assert float(ours[1]) > 0 and int(ours[3]) + int(ours[4]) + int(ours[5]) == 300
+    assert 500 < float(ours[6]) < 5000  # bytes per kept document
+    assert lines[3].split()[0] == "datasketch" and len(lines) == 4

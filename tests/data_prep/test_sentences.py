@@ -37,6 +37,10 @@ def en():
      ["The steps are simple.", "1. Remove the cover.", "2. Disconnect the battery."]),
     ("The chair, Ms. Rivera, spoke. It costs approx. $12,000 (see Vol. 2 of the report).",
      ["The chair, Ms. Rivera, spoke.", "It costs approx. $12,000 (see Vol. 2 of the report)."]),
+    # ... but an abbreviation that ends a sentence stays its end.
+    ("We were delayed by 3 hrs. because of fog. The walk takes 6 hrs. There is no shop.",
+     ["We were delayed by 3 hrs. because of fog.", "The walk takes 6 hrs.",
+      "There is no shop."]),
     ("Mail help.desk@example.org or see https://www.example.com/a/b.html for it. Thanks.",
      ["Mail help.desk@example.org or see https://www.example.com/a/b.html for it.",
       "Thanks."]),
