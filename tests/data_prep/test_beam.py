@@ -1,0 +1,108 @@
+"""create_pretraining_data on Apache Beam (data_prep/beam_pipeline.py): the same bytes as the
+local path. Beam is an extra (`pip install .[beam]`) that installs in an environment of its
+own (its pins are below constraints.txt's protobuf, pillow, pyarrow), so these tests skip
+where it is absent; the ones at the end check the local path's side of --runner."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from data_prep import create_pretraining_data as cpd
+from data_prep.paths import InputError
+from tests.data_prep.helpers import SAMPLE, VOCAB
+
+try:
+    import apache_beam  # noqa: F401
+    HAVE_BEAM = True
+except ImportError:
+    HAVE_BEAM = False
+
+needs_beam = pytest.mark.skipif(
+    not HAVE_BEAM, reason="apache_beam is not installed (pip install .[beam] in an environment "
+                          "of its own: its pins conflict with constraints.txt)")
+
+
+def _create(inputs, output, runner, **kw):
+    options = dict(input_file=",".join(map(str, inputs)), output_file=str(output),
+                   vocab_file=VOCAB, max_seq_length=64, max_predictions_per_seq=10,
+                   dupe_factor=2, random_seed=7, num_workers=1, progress=False)
+    options.update(kw)
+    return cpd.create(cpd.Options(runner=runner, **options))
+
+
+def _same_files(tmp_path, inputs, beam_options="", **kw):
+    local = _create(inputs, tmp_path / "local" / "o", "local", **kw)
+    beam = _create(inputs, tmp_path / "beam" / "o", "DirectRunner", beam_options=beam_options,
+                   **kw)
+    assert [os.path.basename(p) for p in local.outputs] == \
+        [os.path.basename(p) for p in beam.outputs]
+    for a, b in zip(local.outputs, beam.outputs):
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            data = fa.read()
+            assert data == fb.read(), f"{b} differs from the local path's {a}"
+    # Temporary names are gone: only the final files are left.
+    assert sorted(os.listdir(tmp_path / "beam")) == sorted(os.listdir(tmp_path / "local"))
+    local.stats.seconds = beam.stats.seconds = 0.0
+    assert beam.stats == local.stats
+    assert local.stats.instances > 0
+    return local
+
+
+@needs_beam
+def test_direct_runner_writes_the_local_paths_bytes(tmp_path):
+    """Chunks of 40 kB cross the boundary between the two files; records are dealt
+    round-robin into 3 shards: both must come out as the local path makes them."""
+    local = _same_files(tmp_path, SAMPLE, chunk_size_mb=0.04, num_output_shards=3)
+    assert len(local.outputs) == 3 and local.stats.documents > 100
+
+
+@needs_beam
+def test_direct_runner_odd_inputs(tmp_path):
+    """A blank file between two, a document longer than a chunk (cut as the local path
+    cuts it), a file ending without a newline, invalid UTF-8 (counted as replaced)."""
+    with open(SAMPLE[1], encoding="utf-8") as f:
+        text = f.read()[:120_000]
+    (tmp_path / "in").mkdir()
+    long_doc = tmp_path / "in" / "a.txt"
+    long_doc.write_text(text.replace("\n\n", "\n"), encoding="utf-8")
+    (tmp_path / "in" / "b.txt").write_text("\n \n")
+    (tmp_path / "in" / "c.txt").write_bytes(
+        text[:30_000].encode() + b"\n\nbad \xff\xfe bytes here\nand a last line")
+    inputs = sorted((tmp_path / "in").iterdir())
+    local = _same_files(tmp_path, inputs, chunk_size_mb=0.05, num_output_shards=2, pack=True)
+    assert local.stats.replaced_bytes == 2
+
+
+@pytest.mark.slow
+@needs_beam
+@pytest.mark.parametrize("kw", [dict(no_nsp=True), dict(pack=True, do_whole_word_mask=True)])
+def test_direct_runner_in_worker_processes(tmp_path, kw):
+    """Beam's DirectRunner in 2 worker processes (as a cluster runs the stages apart)."""
+    _same_files(tmp_path, SAMPLE, chunk_size_mb=0.1, num_output_shards=2,
+                beam_options="--direct_num_workers=2 --direct_running_mode=multi_processing",
+                **kw)
+
+
+@needs_beam
+def test_text_without_a_token_writes_nothing(tmp_path):
+    bad = tmp_path / "controls.txt"
+    bad.write_text("\x01\x02\n\x03\n", encoding="utf-8")
+    out = tmp_path / "out" / "o.tfrecord"
+    with pytest.raises(InputError, match="no training instances"):
+        _create([bad], out, "DirectRunner")
+    assert not out.parent.exists() or os.listdir(out.parent) == []
+
+
+def test_beam_options_need_a_beam_runner(tmp_path):
+    with pytest.raises(InputError, match="--beam_options needs a Beam --runner"):
+        _create(SAMPLE[:1], tmp_path / "o", "local", beam_options="--project=p")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(HAVE_BEAM, reason="checks the message given where Beam is missing")
+def test_a_beam_runner_without_beam_says_how_to_install_it(tmp_path):
+    with pytest.raises(InputError, match=r"needs Apache Beam.*pip install \.\[beam\]"):
+        _create(SAMPLE[:1], tmp_path / "o", "DirectRunner")
+    assert not (tmp_path / "o").exists()
