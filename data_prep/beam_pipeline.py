@@ -170,7 +170,11 @@ def build(p, input_paths: Sequence[str], tmp_paths: Sequence[str],
           spec: pipeline.WorkerSpec, chunk_chars: int):
     """Adds the stages to pipeline `p`; the output files are written under `tmp_paths`
     (none when the input holds no document)."""
-    files = p | "Inputs" >> beam.Create(list(enumerate(input_paths)))
+    # Reshuffle: a runner may otherwise run the few elements of Create, and every step
+    # fused after it, as one bundle on one worker; the files are to be read in parallel.
+    files = (p
+             | "Inputs" >> beam.Create(list(enumerate(input_paths)))
+             | "SpreadInputs" >> beam.Reshuffle())
     plan = (files
             | "DocumentSizes" >> beam.Map(_doc_sizes, chunk_chars)
             | "AllSizes" >> beam.combiners.ToList()
