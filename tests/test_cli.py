@@ -120,7 +120,7 @@ def test_train_py_help_says_where_the_keys_are_documented():
     (["data_prep/build_vocab.py", "--vocab_size=many"],
      r"error: flag --vocab_size=many: invalid literal for int\(\) with base 10: 'many'"),
     (["data_prep/prepare_corpus.py", "--input=nope_dir", "--output=x.txt"],
-     "error: no .txt files under nope_dir"),
+     "error: --input=nope_dir: no such file or folder"),
     (["-m", "bert_jax.data.inspect", "--input=nope/*.tfrecord"],
      r"error: input glob 'nope/\*\.tfrecord' matches no file"),
     (["launch/extract_features.py", "--checkpoint=nope", "--input_file=x.txt",

@@ -110,13 +110,15 @@ def test_prepare_corpus_refuses_input_without_text_and_names_empty_files(tmp_pat
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / "a.txt").write_text("\n\n")
     out = tmp_path / "corpus.txt"
-    r = _tool("prepare_corpus.py", f"--input={tmp_path / 'in'}", f"--output={out}")
+    r = _tool("prepare_corpus.py", f"--input={tmp_path / 'in'}", f"--output={out}",
+              "--format=sample")
     assert r.returncode == 2 and "Traceback" not in r.stderr and not out.exists(), r.stderr
     assert _lines(r.stderr, "prepare_corpus: error: ") == [
         f"prepare_corpus: error: --input={tmp_path / 'in'}: no text in its 1 .txt file(s) "
         f"({tmp_path / 'in' / 'a.txt'}): empty, blank or only headings; {out} not written"]
     (tmp_path / "in" / "b.txt").write_text(open(SAMPLE[0], encoding="utf-8").read()[:20000])
-    r = _tool("prepare_corpus.py", f"--input={tmp_path / 'in'}", f"--output={out}")
+    r = _tool("prepare_corpus.py", f"--input={tmp_path / 'in'}", f"--output={out}",
+              "--format=sample")
     assert r.returncode == 0 and out.stat().st_size > 0, r.stderr
     assert _lines(r.stderr, "prepare_corpus: warning: ") == [
         f"prepare_corpus: warning: 1 of 2 files hold no text (empty, blank or only "

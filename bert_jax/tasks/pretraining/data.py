@@ -34,6 +34,7 @@ from bert_jax.train.runtime import agree
 from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB  # package data of the installed data_prep
 from data_prep import create_pretraining_data as cpd
 from data_prep.paths import TEXT_FORMAT
+from data_prep.prepare_corpus import needs_conversion
 
 HELD_OUT_EVERY = 20   # documents; the eval split of the sample corpus
 SAMPLE_DUPE_FACTOR = 5
@@ -121,7 +122,19 @@ def _text_corpus(spec: str) -> list[str]:
         if not found:
             raise FileNotFoundError(f"config.data.text_files: no file matches {pattern!r}")
         files += [paths.resolve(f) for f in found if paths.is_file(f)]
+    for f in files:
+        kind = needs_conversion(f)
+        if kind:  # a dump, JSON lines, a dataset, compressed text: the front door first
+            raise DataCheckError(
+                f"config.data.text_files: {f} is {_KINDS.get(kind, kind)}, not text in the "
+                f"input format ({TEXT_FORMAT}); make it text first: python "
+                f"data_prep/prepare_corpus.py --input={f} --output=corpus/ then "
+                f"--config.data.text_files='corpus/*.txt'")
     return sorted(set(files))
+
+
+_KINDS = {"wiki": "a MediaWiki XML dump", "jsonl": "JSON lines", "parquet": "a parquet file",
+          "arrow": "an arrow file", "text": "compressed text"}
 
 
 def _stamp(path: str) -> tuple:
