@@ -1,6 +1,8 @@
-"""create_pretraining_data as an Apache Beam pipeline: the same records as the local path
-(data_prep/pipeline.py), byte for byte, on DirectRunner or a cluster (Dataflow, Flink,
-Spark). Imported only when --runner names a Beam runner; `pip install .[beam]`.
+"""create_pretraining_data and prepare_corpus as Apache Beam pipelines: the same output as
+their local paths, byte for byte, on DirectRunner or a cluster (Dataflow, Flink, Spark).
+Imported only when --runner names a Beam runner; `pip install .[beam]`.
+
+create_pretraining_data (`run`, `build`):
 
 The local path reads the input files in order, cuts their documents into ~chunk_chars
 chunks across file boundaries, seeds chunk k from (random_seed, k), and sends record i of
@@ -19,12 +21,25 @@ positions without one sequential reader:
 Steps 2 and 5 see one integer per document or chunk, not text. Step 6 holds one output
 file's bytes in a worker's memory: give a large corpus more --num_output_shards.
 Files are read and written through Beam's FileSystems (local, gs://, s3://, hdfs://).
+
+prepare_corpus (`prepare`, `build_corpus`): documents are read per file (one worker per
+file: a single dump is read by one worker), cleaned in parallel (prepare_corpus's pure
+`clean_document`, the expensive part), exact duplicates grouped by the digest of their
+normalized text (the first in input order stands for the group), then one step walks
+every document's small record in input order: near duplicates (data_prep/dedup.py's
+MinHash index, whose answers depend on the order, as locally) and each kept document's
+position, which deals it round-robin into the output files. That step holds the index of
+the kept documents (about 1.5 KB each, data_prep/dedup.py) and sees a record per
+document: it does not scale out; a corpus beyond one worker's memory is deduplicated per
+shard of a hash of its text, or with --nodedup. Without dedup it sees a few integers per
+document.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import pickle
 import shlex
 import shutil
 import tempfile
@@ -249,3 +264,225 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: pipeline.
                 FileSystems.delete(stale)
     stats.seconds = time.time() - t0
     return stats
+
+
+# ----------------------------------------------------------------------------- prepare_corpus
+
+def _local_copy(path: str, folder: str) -> str:
+    """A local file with `path`'s bytes (the sources' readers need one: pyarrow maps it)."""
+    if "://" not in path:
+        return path
+    local = os.path.join(folder, path.rstrip("/").rsplit("/", 1)[-1])
+    with _open(path) as src, open(local, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+    return local
+
+
+def _read_file(item, options):
+    """(file index, (path, format)) -> ((file index, document index), RawDoc)."""
+    from data_prep import prepare_corpus as pc
+
+    i, (path, fmt) = item
+    folder = tempfile.mkdtemp(prefix="data_prep-input-")
+    try:
+        local = _local_copy(path, folder)
+        for j, raw in enumerate(pc.read_documents(local, fmt, options)):
+            # The notes name the file as given, not the worker's copy of it.
+            yield (i, j), raw._replace(source=path)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _clean(item, options):
+    """((i, j), RawDoc) -> ((i, j), the document's text or None, its record for the
+    decisions: (reason, note, sentences, bytes out, digest, signature))."""
+    from data_prep import prepare_corpus as pc
+
+    key, raw = item
+    c = pc.clean_document(raw, options)
+    if c.sentences is None:
+        return key, None, (c.reason, c.note, 0, 0, None, None)
+    text = pc.format_document(c.sentences)
+    digest, sig = (pc.fingerprint(c.sentences, options) if options.dedup else (None, None))
+    return key, text, (None, "", len(c.sentences), len(text.encode("utf-8")), digest, sig)
+
+
+def _exact_groups(item):
+    """(digest, [(key, record)]) -> the first in input order as it is; the others keep only
+    the key of that first one (they are its exact copies: no signature needed)."""
+    _, members = item
+    members = sorted(members, key=lambda t: t[0])
+    first_key, first = members[0]
+    yield first_key, first
+    for key, (reason, note, n, nbytes, _, _) in members[1:]:
+        yield key, (reason, note, n, nbytes, None, ("copy of", first_key))
+
+
+def decide(records, options, inputs_bytes: int):
+    """The local path's decisions in input order over every document's record: drops by
+    reason, near duplicates (data_prep/dedup.py, stateful), the kept documents' positions.
+    Returns (Summary, {key: kept index})."""
+    from data_prep import prepare_corpus as pc
+
+    summary = pc.Summary()
+    dedup = pc._deduplicator(options) if options.dedup else None
+    kept = {}
+    for key, (reason, note, n, nbytes, digest, sig) in sorted(records, key=lambda t: t[0]):
+        summary.documents += 1
+        if reason is None and dedup is not None:
+            if isinstance(sig, tuple):  # an exact copy of an earlier document
+                # Kept first: its digest is remembered, "exact". Dropped first (as a near
+                # duplicate): the copy's equal signature meets the same kept document.
+                found = "exact" if sig[1] in kept else "near"
+                setattr(dedup, found, getattr(dedup, found) + 1)
+            else:
+                found = pc.check_fingerprint(dedup, digest, sig)
+            reason = f"{found} duplicate" if found else None
+        if reason is not None:
+            summary.dropped[reason] += 1
+            if note and len(summary.bad) < pc._MAX_NOTES:
+                summary.bad.append(note)
+            continue
+        kept[key] = summary.kept
+        summary.kept += 1
+        summary.sentences += n
+        summary.bytes_out += nbytes
+    summary.bytes_in = inputs_bytes
+    return summary, kept
+
+
+def _decide_step(records, options, inputs_bytes, summary_path):
+    summary, kept = decide(records, options, inputs_bytes)
+    with FileSystems.create(summary_path,
+                            compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.write(pickle.dumps(summary))
+    yield from kept.items()
+
+
+def _place(item, num_files: int):
+    """(key, {texts, kept}) -> (output file, (kept index, text)) for a kept document."""
+    _, grouped = item
+    if grouped["kept"] and grouped["texts"]:
+        k = grouped["kept"][0]
+        yield k % num_files, (k, grouped["texts"][0])
+
+
+def _write_texts(item, tmp_paths: Sequence[str]):
+    f, docs = item
+    with FileSystems.create(tmp_paths[f],
+                            compression_type=CompressionTypes.UNCOMPRESSED) as out:
+        for _, text in sorted(docs, key=lambda t: t[0]):
+            out.write(text.encode("utf-8"))
+    yield f
+
+
+def build_corpus(p, inputs: Sequence[tuple[str, str]], tmp_paths: Sequence[str], options,
+                 inputs_bytes: int, summary_path: str):
+    """prepare_corpus's stages on pipeline `p`: read per file, clean per document (in
+    parallel after a reshuffle: one big dump is read by one worker, cleaned by all),
+    exact duplicates grouped by digest, then one step over every document's small record
+    in input order for the near duplicates and the kept positions (data_prep/dedup.py is
+    order-dependent), then each output file's kept documents in order."""
+    cleaned = (p
+               | "CorpusInputs" >> beam.Create(list(enumerate(inputs)))
+               | "SpreadCorpusInputs" >> beam.Reshuffle()
+               | "ReadDocuments" >> beam.FlatMap(_read_file, options)
+               | "SpreadDocuments" >> beam.Reshuffle()
+               | "CleanDocuments" >> beam.Map(_clean, options))
+    texts = (cleaned
+             | "KeptTexts" >> beam.Filter(lambda t: t[1] is not None)
+             | "KeyTexts" >> beam.Map(lambda t: (t[0], t[1])))
+    records = cleaned | "Records" >> beam.Map(lambda t: (t[0], t[2]))
+    if options.dedup:
+        fingerprinted = records | "WithDigest" >> beam.Filter(lambda t: t[1][4] is not None)
+        rest = records | "WithoutDigest" >> beam.Filter(lambda t: t[1][4] is None)
+        exact = (fingerprinted
+                 | "ByDigest" >> beam.Map(lambda t: (t[1][4], t))
+                 | "GroupDigests" >> beam.GroupByKey()
+                 | "ExactCopies" >> beam.FlatMap(_exact_groups))
+        records = (exact, rest) | "AllRecords" >> beam.Flatten()
+    kept = (records
+            | "InOrder" >> beam.combiners.ToList()
+            | "Decide" >> beam.FlatMap(_decide_step, options, inputs_bytes, summary_path))
+    return ({"texts": texts, "kept": kept}
+            | "JoinKept" >> beam.CoGroupByKey()
+            | "PlaceInFiles" >> beam.FlatMap(_place, len(tmp_paths))
+            | "GroupTextsByFile" >> beam.GroupByKey()
+            | "WriteTexts" >> beam.FlatMap(_write_texts, list(tmp_paths)))
+
+
+def corpus_inputs(spec: str, fmt: str, split: str) -> list[tuple[str, str]]:
+    """prepare_corpus's (file, format) list, bucket URIs (gs://...) included: a URI is a
+    file or a glob of files (a datasets folder must be local)."""
+    from data_prep import prepare_corpus as pc
+
+    out = []
+    for part in (p.strip() for p in (spec or "").split(",")):
+        if not part:
+            continue
+        if "://" not in part:
+            out += pc.expand_inputs(part, fmt, split)
+            continue
+        if fmt not in pc.FORMATS:
+            raise pc.PrepareError(f"--format={fmt}: expected one of {', '.join(pc.FORMATS)}")
+        found = sorted(m.path for r in FileSystems.match([part]) for m in r.metadata_list)
+        if not found:
+            raise pc.PrepareError(f"--input={part}: no such file")
+        out += [(f, pc.detect_format(f) if fmt == "auto" else fmt) for f in found]
+    if not out:
+        raise pc.PrepareError(f"--input={spec}: no input files")
+    return out
+
+
+def corpus_outputs(spec: str, num_shards: int) -> list[str]:
+    """prepare_corpus's output names, a bucket prefix (gs://b/wiki/) included."""
+    from data_prep import prepare_corpus as pc
+
+    if spec and "://" in spec and num_shards >= 1:
+        if spec.endswith("/"):
+            prefix = spec + "corpus"
+        elif num_shards == 1:
+            return [spec]
+        else:
+            prefix = spec[:-4] if spec.endswith(".txt") else spec
+        return [f"{prefix}-{i:05d}-of-{num_shards:05d}.txt" for i in range(num_shards)]
+    return pc.output_paths(spec, num_shards)
+
+
+def prepare(options, runner: str, beam_options: str = ""):
+    """prepare_corpus.prepare's work on Beam `runner`: the same output bytes and Summary.
+    Inputs and outputs may be in a bucket. PrepareError when nothing usable is left
+    (nothing written then)."""
+    from data_prep import prepare_corpus as pc
+
+    o = options
+    t0 = time.time()
+    pc.check_options(o)
+    inputs = corpus_inputs(o.input, o.format, o.split)
+    outputs = corpus_outputs(o.output, o.num_output_shards)
+    inputs_bytes = sum(m.size_in_bytes for r in FileSystems.match([p for p, _ in inputs])
+                       for m in r.metadata_list)
+    token = uuid.uuid4().hex[:12]
+    tmp_paths = [f"{p}.tmp-beam-{token}" for p in outputs]
+    summary_path = f"{outputs[0]}.summary-beam-{token}"
+    try:
+        with beam.Pipeline(options=PipelineOptions(
+                [f"--runner={runner}"] + shlex.split(beam_options))) as p:
+            build_corpus(p, inputs, tmp_paths, o, inputs_bytes, summary_path)
+        with _open(summary_path) as f:
+            summary = pickle.loads(f.read())
+        summary.outputs = outputs
+        if not summary.kept:
+            raise pc.PrepareError(pc.nothing_usable(o, summary))
+        for t, final in zip(tmp_paths, outputs):
+            if not FileSystems.exists(t):  # fewer kept documents than files: empty ones
+                FileSystems.create(t, compression_type=CompressionTypes.UNCOMPRESSED).close()
+            if FileSystems.exists(final):
+                FileSystems.delete([final])
+            FileSystems.rename([t], [final])
+    finally:  # after a failure the temporary files; after success the summary's file
+        stale = [t for t in tmp_paths + [summary_path] if FileSystems.exists(t)]
+        if stale:
+            FileSystems.delete(stale)
+    summary.seconds = time.time() - t0
+    return summary

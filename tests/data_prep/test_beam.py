@@ -5,6 +5,7 @@ where it is absent; the ones at the end check the local path's side of --runner.
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -106,3 +107,90 @@ def test_a_beam_runner_without_beam_says_how_to_install_it(tmp_path):
     with pytest.raises(InputError, match=r"needs Apache Beam.*pip install \.\[beam\]"):
         _create(SAMPLE[:1], tmp_path / "o", "DirectRunner")
     assert not (tmp_path / "o").exists()
+    from data_prep import prepare_corpus as pc
+
+    with pytest.raises(pc.PrepareError, match=r"needs Apache Beam.*pip install \.\[beam\]"):
+        _prepare(SAMPLE[0], tmp_path / "t.txt", "DirectRunner")
+    with pytest.raises(pc.PrepareError, match="--beam_options needs a Beam --runner"):
+        _prepare(SAMPLE[0], tmp_path / "t.txt", "local", beam_options="--project=p")
+    assert not (tmp_path / "t.txt").exists()
+
+
+# ----------------------------------------------------------------------------- prepare_corpus
+
+def _corpus_inputs(tmp_path):
+    """A MediaWiki export (redirect, disambiguation, talk page, stub, an exact copy, a
+    malformed page) and JSON lines with an exact copy, a near duplicate (two words
+    changed), an exact copy of that near duplicate, a line that is not JSON."""
+    from tests.data_prep.test_corpus_door import FOOTER, HEADER, PAGES
+
+    d = tmp_path / "in"
+    d.mkdir()
+    (d / "a-pages.xml").write_text(HEADER + "".join(PAGES) + FOOTER, encoding="utf-8")
+    with open(SAMPLE[0], encoding="utf-8") as f:
+        paragraphs = [p.replace("\n", " ") for p in f.read().split("\n\n") if len(p) > 400]
+    base = paragraphs[3]
+    words = base.split()
+    near = " ".join(words[:20] + ["quite", "different"] + words[22:])
+    texts = [base, paragraphs[10], base, near, paragraphs[20], near]
+    lines = [json.dumps({"text": t}) for t in texts]
+    lines.insert(2, "{not json")
+    (d / "b-docs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return d
+
+
+def _prepare(inputs, output, runner, **kw):
+    from data_prep import prepare_corpus as pc
+
+    return pc.prepare(pc.Options(input=str(inputs), output=str(output), runner=runner,
+                                 progress=False, num_workers=1, min_doc_chars=40, **kw))
+
+
+@needs_beam
+def test_both_stages_on_direct_runner_give_the_local_records(tmp_path):
+    """prepare_corpus then create_pretraining_data, each on DirectRunner and locally: the
+    same text, the same summary (drops by reason, near duplicates included), then the same
+    TFRecords."""
+    inputs = _corpus_inputs(tmp_path)
+    local = _prepare(f"{inputs}/*", tmp_path / "local" / "text", "local",
+                     num_output_shards=3)
+    beam = _prepare(f"{inputs}/*", tmp_path / "beam" / "text", "DirectRunner",
+                    num_output_shards=3)
+    assert [os.path.basename(p) for p in beam.outputs] == \
+        [os.path.basename(p) for p in local.outputs]
+    for a, b in zip(local.outputs, beam.outputs):
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            assert fa.read() == fb.read(), f"{b} differs from the local path's {a}"
+    assert sorted(os.listdir(tmp_path / "beam")) == sorted(os.listdir(tmp_path / "local"))
+    assert (beam.documents, beam.kept, dict(beam.dropped), beam.bad, beam.sentences,
+            beam.bytes_in, beam.bytes_out) == \
+        (local.documents, local.kept, dict(local.dropped), local.bad, local.sentences,
+         local.bytes_in, local.bytes_out)
+    # What the inputs hold: 8 pages + 7 lines; of the lines the copy of the first, the
+    # near duplicate and its own copy (a near duplicate too: its twin was not kept) go.
+    assert local.documents == 15 and local.kept == 5
+    assert local.dropped["exact duplicate"] == 2 and local.dropped["near duplicate"] == 2
+    assert local.dropped["bad input"] == 2
+    # The second stage: the Beam text on DirectRunner, the local text locally.
+    records = [_create(text.outputs, tmp_path / f"{runner}-records" / "o", runner,
+                       num_output_shards=2).outputs
+               for text, runner in ((local, "local"), (beam, "DirectRunner"))]
+    for a, b in zip(*records):
+        with open(a, "rb") as fa, open(b, "rb") as fb:
+            data = fa.read()
+            assert len(data) > 10_000 and data == fb.read(), f"{b} differs from {a}"
+
+
+@needs_beam
+def test_prepare_corpus_without_dedup_and_nothing_usable(tmp_path):
+    inputs = _corpus_inputs(tmp_path)
+    local = _prepare(f"{inputs}/*.jsonl", tmp_path / "l.txt", "local", dedup=False)
+    beam = _prepare(f"{inputs}/*.jsonl", tmp_path / "b.txt", "DirectRunner", dedup=False)
+    assert (tmp_path / "l.txt").read_bytes() == (tmp_path / "b.txt").read_bytes()
+    assert beam.kept == local.kept == 6
+    from data_prep import prepare_corpus as pc
+
+    (tmp_path / "bad.jsonl").write_text('{"x": 1}\nnot json\n')
+    with pytest.raises(pc.PrepareError, match="nothing usable: 2 document"):
+        _prepare(tmp_path / "bad.jsonl", tmp_path / "out" / "o.txt", "DirectRunner")
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
