@@ -8,7 +8,9 @@ pages carry the markup of real articles (templates, references, links, bold, a t
 heading, a See also list, categories; one page in 20 a redirect). Then it runs the command
 line as a subprocess for each --workers value and prints input MB/s, MB/s per worker,
 CPU seconds and the peak memory of the process tree (RSS summed over the main process and
-its workers, sampled every 20 ms with psutil).
+its workers, sampled every 20 ms with psutil). MB per CPU-second (the run's and its
+workers' CPU time, start-up included) is what one core gives when it has the core to itself:
+on a shared machine the wall-clock figures are noisy.
 
     python benchmarks/corpus_door.py                 # 20 MB, 1 and 2 workers
     python benchmarks/corpus_door.py --mb=40 --workers=2   # memory must not grow with --mb
@@ -134,7 +136,7 @@ def main(argv):
     write_jsonl(inputs["jsonl"], int(FLAGS.mb * 1e6))
     write_wiki(inputs["wiki"], int(FLAGS.mb * 1e6))
     print(f"{'input':<6} {'MB':>6} {'workers':>7} {'seconds':>8} {'MB/s':>6} "
-          f"{'MB/s/worker':>11} {'CPU s':>6} {'peak MB':>8} {'kept':>8}")
+          f"{'MB/s/worker':>11} {'CPU s':>6} {'MB/CPU-s':>8} {'peak MB':>8} {'kept':>8}")
     for name in FLAGS.formats:
         path = inputs[name]
         mb = os.path.getsize(path) / 1e6
@@ -147,7 +149,8 @@ def main(argv):
             kept = next(line.split()[-1] for line in stdout.splitlines()
                         if line.startswith("kept"))
             print(f"{name:<6} {mb:>6.1f} {workers:>7} {seconds:>8.1f} {mb / seconds:>6.2f} "
-                  f"{mb / seconds / workers:>11.2f} {cpu:>6.1f} {peak:>8.0f} {kept:>8}",
+                  f"{mb / seconds / workers:>11.2f} {cpu:>6.1f} {mb / cpu:>8.2f} {peak:>8.0f} "
+                  f"{kept:>8}",
                   flush=True)
     if not FLAGS.keep:
         import shutil

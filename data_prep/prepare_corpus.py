@@ -832,7 +832,7 @@ def fingerprint(sentences: list[str], options: Options):
         _STATE[key] = _deduplicator(options)
     norm = normalize(dedup_text(sentences))
     digest = hashlib.blake2b(norm.encode("utf-8"), digest_size=16).digest()
-    return digest, _STATE[key].signature(norm.split(" ") if norm else [""])
+    return digest, _STATE[key].signature(norm)
 
 
 def check_fingerprint(dedup, digest: bytes, sig) -> str | None:

@@ -1,23 +1,33 @@
 """Sentence splitting for the corpus front door.
 
     splitter = SentenceSplitter("en")
-    splitter.split('Dr. Smith paid $2.50. "Stop." he said.')
-    # ['Dr. Smith paid $2.50.', '"Stop." he said.']
+    splitter.split('Dr. Smith paid $2.50 on p. 4. "Stop." he said.')
+    # ['Dr. Smith paid $2.50 on p. 4.', '"Stop." he said.']
 
 `split(text)` takes a paragraph or a whole document and returns its sentences, stripped,
-non-empty, with every run of whitespace (newlines included) made one space. The result
-depends only on the text and the language.
+non-empty, with every run of whitespace (newlines included) made one space. A blank line
+always ends a sentence (a heading without a full stop stays a sentence of its own). The
+result depends only on the text and the language.
 
-The library: sentencex (Wikimedia's rule-based segmenter, compiled Rust). It keeps the
-cases pre-training text is full of (titles and other abbreviations, decimals and prices,
-initials, quotes, ellipses) and is fast enough to be a small part of the front door's
-time; the pure-Python segmenters (pysbd, syntok) are as good or better on hard cases but
-far too slow for corpora of many gigabytes. It has rules for many languages;
-`SentenceSplitter.languages` lists the codes accepted here.
+The library: sentencex (Wikimedia's rule-based segmenter, compiled Rust). Measured by
+benchmarks/sentence_split.py on labelled English full of hard cases:
+- pysbd and syntok are as good or a little better on hard cases, but pure Python and one
+  to two orders of magnitude slower: at their speed sentence splitting alone would take
+  longer than the whole front door may;
+- blingfire is as good and as fast, but it is one model for all languages, a 40 MB
+  wheel with an x86-64 binary only (it does not load on ARM hosts), and unmaintained;
+- sentencex has rules per language (`LANGUAGES`), wheels for every platform, and keeps
+  what matters in encyclopaedic and book text (titles, initials, decimals and prices,
+  quotes followed by "he said", ellipses).
+For English, a short pass after it repairs the splits it gets wrong most often: a numbered
+list's marker ("1.") made a sentence of its own, and a break after an abbreviation missing
+from its English list (approx., vol., ed., hrs., Ms., ...) when what follows cannot start a
+sentence (a lowercase word, a digit, a comma).
 """
 
 from __future__ import annotations
 
+import re
 from importlib import metadata
 
 import sentencex
@@ -26,6 +36,33 @@ import sentencex
 LANGUAGES = ("am", "ar", "bg", "bn", "ca", "da", "de", "el", "en", "es", "fi", "fr", "gu",
              "hi", "hy", "it", "ja", "kk", "kn", "ml", "mr", "my", "nl", "pa", "pl", "pt",
              "ru", "sk", "ta", "te", "uk")
+
+# A numbered list's marker alone ("1.", "(2)", "3)"): belongs to the sentence after it.
+_LIST_MARKER = re.compile(r"\(?\d{1,3}[.)]")
+# Titles that never end a sentence.
+_TITLES = frozenset({"ms.", "mx.", "messrs."})
+# Abbreviations sentencex's English rules split after; joined to what follows only when
+# that cannot start a sentence (_CONTINUES), since most of them can also end one.
+_ABBREVIATIONS = frozenset(
+    w + "." for w in ("approx vol vols ed eds est ft hrs ch sq no nos p pp mon tue tues "
+                      "wed thu thur thurs fri sat sun").split())
+_CONTINUES = re.compile(r"[a-z0-9$€£%,;:)\]–]")
+# What cannot start a sentence after any break.
+_PUNCT_START = re.compile(r"[,;:)\]–]")
+
+
+def _join_en(pieces: list[str]) -> list[str]:
+    """English repairs over sentencex's stripped pieces of one paragraph."""
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        prev = out[-1]
+        last = prev[prev.rfind(" ") + 1:].lstrip("(").lower()
+        if (last in _TITLES or _PUNCT_START.match(piece) or _LIST_MARKER.fullmatch(prev)
+                or (last in _ABBREVIATIONS and _CONTINUES.match(piece))):
+            out[-1] = prev + " " + piece
+        else:
+            out.append(piece)
+    return out
 
 
 class SentenceSplitter:
@@ -42,9 +79,15 @@ class SentenceSplitter:
         self.language = language
 
     def split(self, text: str) -> list[str]:
-        out = []
-        for sentence in sentencex.segment(self.language, text):
-            sentence = " ".join(sentence.split())
-            if sentence:
-                out.append(sentence)
+        out: list[str] = []
+        paragraph: list[str] = []
+        for piece in sentencex.segment(self.language, text):
+            piece = " ".join(piece.split())
+            if piece:
+                paragraph.append(piece)
+            elif paragraph:  # a paragraph break: no repair joins across it
+                out += _join_en(paragraph) if self.language == "en" else paragraph
+                paragraph = []
+        if paragraph:
+            out += _join_en(paragraph) if self.language == "en" else paragraph
         return out
