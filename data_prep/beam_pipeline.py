@@ -37,6 +37,7 @@ document.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import os
 import pickle
@@ -75,19 +76,20 @@ def _doc_sizes(item, chunk_chars: int):
 
 
 def plan_chunks(file_sizes: Sequence[tuple[int, np.ndarray]], chunk_chars: int
-                ) -> dict[int, tuple[int, np.ndarray]]:
+                ) -> dict[int, tuple[int, list[int]]]:
     """Chunk boundaries as iter_chunks draws them: per file index, (chunk of its first
-    document, <int64>[documents] offsets from it). A chunk ends once its documents reach
-    chunk_chars characters; the last one may be shorter."""
+    document, the indices of its documents that start a later chunk). A chunk ends once
+    its documents reach chunk_chars characters; the last one may be shorter."""
     plan, k, size = {}, 0, 0
     for i, sizes in sorted(file_sizes, key=lambda t: t[0]):
-        first, ks = k, np.empty(len(sizes), dtype=np.int64)
+        first, starts = k, []
         for j, n in enumerate(sizes.tolist()):
-            ks[j] = k
+            if len(starts) < k - first:  # document j starts chunk k
+                starts.append(j)
             size += n
             if size >= chunk_chars:
                 k, size = k + 1, 0
-        plan[i] = (first, ks - first)
+        plan[i] = (first, starts)
     return plan
 
 
@@ -101,11 +103,11 @@ class _KeyDocuments(beam.DoFn):
 
     def process(self, item, plan):
         i, path = item
-        first, offsets = plan[i]
+        first, starts = plan[i]
         stats = pipeline.Stats()
         for j, doc in enumerate(pipeline.iter_documents([path], stats, self.chunk_chars,
                                                         _open)):
-            yield first + int(offsets[j]), ((i, j), doc)
+            yield first + bisect.bisect_right(starts, j), ((i, j), doc)
         self.input_bytes.inc(stats.input_bytes)
         self.replaced_bytes.inc(stats.replaced_bytes)
 

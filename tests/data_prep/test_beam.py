@@ -76,6 +76,37 @@ def test_direct_runner_odd_inputs(tmp_path):
     assert local.stats.replaced_bytes == 2
 
 
+@needs_beam
+def test_chunk_plan_matches_iter_chunks(tmp_path):
+    """plan_chunks, from per-file document sizes, puts every document in the chunk that
+    pipeline.iter_chunks (one reader over all files) puts it in: chunks that cross files,
+    an empty file, a file that ends exactly where a chunk does, documents cut at the
+    chunk size."""
+    import random
+
+    from data_prep import beam_pipeline, pipeline
+
+    rng = random.Random(0)
+    files = []
+    for i, n_docs in enumerate([7, 0, 1, 30, 3]):
+        docs = ["\n".join("w" * rng.randint(1, 40) for _ in range(rng.randint(1, 6)))
+                for _ in range(n_docs)]
+        path = tmp_path / f"{i}.txt"
+        path.write_text("\n\n".join(docs) + ("\n" if docs else ""))
+        files.append(str(path))
+    for chunk_chars in (1, 50, 97, 200, 10_000):
+        expected = []
+        for k, docs, _ in pipeline.iter_chunks(files, pipeline.Stats(), chunk_chars):
+            expected += [k] * len(docs)
+        sizes = [beam_pipeline._doc_sizes((i, f), chunk_chars) for i, f in enumerate(files)]
+        plan = beam_pipeline.plan_chunks(sizes[::-1], chunk_chars)  # any arrival order
+        got = []
+        for i, s in sizes:
+            first, starts = plan[i]
+            got += [first + sum(j >= b for b in starts) for j in range(len(s))]
+        assert got == expected, chunk_chars
+
+
 @pytest.mark.slow
 @needs_beam
 @pytest.mark.parametrize("kw", [dict(no_nsp=True), dict(pack=True, do_whole_word_mask=True)])
