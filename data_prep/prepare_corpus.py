@@ -35,13 +35,16 @@ The stages, for engines that run them elsewhere (Apache Beam):
     bytes, parses nothing);
   * `clean_document(raw, options) -> Cleaned(sentences | None, drop reason, note)`: pure, the
     per-document work (parse, strip, fix, split, length checks);
-  * `Deduplicator(...).check(text)` (data_prep/dedup.py): stateful, on the kept documents
-    in input order (`dedup_text(sentences)` is the text it sees);
+  * `fingerprint(sentences, options)`: pure, the expensive half of deduplication (the
+    digest and MinHash signature of `dedup_text(sentences)`), done beside the cleaning;
+  * `check_fingerprint(deduplicator, digest, signature)`: stateful, Deduplicator.check
+    (data_prep/dedup.py) on a fingerprint; the kept documents in input order;
   * `format_document(sentences)`: the output text of one document.
-`prepare(options)` runs them locally: chunks of documents cleaned by --num_workers
-processes, results taken in input order, deduplicated and written round-robin into
---num_output_shards files by this process, so the output is the same bytes for any
-worker count. Outputs are written under temporary names and renamed at the end.
+`prepare(options)` runs them locally: chunks of documents cleaned and fingerprinted by
+--num_workers processes, results taken in input order, deduplicated and written
+round-robin into --num_output_shards files by this process, so the output is the same
+bytes for any worker count. Outputs are written under temporary names and renamed at the
+end.
 """
 
 from __future__ import annotations

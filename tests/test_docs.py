@@ -166,7 +166,8 @@ def test_the_data_page_runs(tmp_path):
                                          "--output_file=/tmp/pretrain/sample"), tmp_path)
     assert "instances" in made
     assert (tmp_path / "pretrain" / "sample.tfrecord").stat().st_size > 1_000_000
-    checked = _run(_command("docs/data.md", "-m bert_jax.data.inspect"), tmp_path)
+    checked = _run(_command("docs/data.md", "-m bert_jax.data.inspect "
+                                            "--input='/tmp/pretrain/*.tfrecord'"), tmp_path)
     assert "[UNK]" in checked
     trained = _run(_command("docs/data.md", "launch/train.py --config=configs/bert_tiny.py "
                                            "--workdir=/tmp/bert_tiny_sample") + [
