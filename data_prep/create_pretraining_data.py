@@ -14,7 +14,9 @@ Input: UTF-8 text, one sentence per line, a blank line between documents. Output
 
 Same flags as the original, plus --spm_model_file, --num_workers, --no_nsp,
 --chunk_size_mb and --pack / --max_sequences_per_pack (several sequences per row: the
-packed-row features of bert_jax/data/features.py, packing in data_prep/packing.py).
+packed-row features of bert_jax/data/features.py, packing in data_prep/packing.py), and
+--runner / --beam_options (the same records from an Apache Beam pipeline on a cluster:
+data_prep/beam_pipeline.py).
 Same sampling algorithm (see data_prep/instances.py); the differences are for bounded
 memory: NSP's random B comes from another document of the same ~1 MB chunk and instances are
 shuffled within a chunk. Byte-identical output for any --num_workers.
@@ -87,6 +89,13 @@ class Options:
         "per row (bert_jax/data/features.py).")
     max_sequences_per_pack: int = _opt(3, "With --pack: the most sequences one row holds (K).")
     progress: bool = _opt(True, "Show a progress bar.")
+    runner: str = _opt(
+        "local", "'local': this machine's processes (--num_workers). A Beam runner "
+        "(DirectRunner, DataflowRunner, FlinkRunner, SparkRunner; pip install .[beam]): the "
+        "same records from an Apache Beam pipeline, inputs and outputs local or in a bucket.")
+    beam_options: str = _opt(
+        "", "With a Beam --runner: its pipeline options as one string, e.g. '--project=P "
+        "--region=R --temp_location=gs://B/tmp'.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,17 +146,22 @@ def create(options: Options, announce=None) -> Result:
     except (ValueError, FileNotFoundError) as e:  # a bad value (validate), a missing vocab
         raise InputError(str(e)) from e
     warnings = [blank] if blank else []
+    beam = _beam(o.runner, o.beam_options)
     # All cores this process may use (the affinity mask, not the machine's count).
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     workers = o.num_workers or cores or 1
     if announce is not None:
         announce(warnings, f"{len(inputs)} input file(s) -> {len(outputs)} output file(s), "
-                           f"{workers} worker(s)")
+                           + (f"Beam {o.runner}" if beam else f"{workers} worker(s)"))
     spec = pipeline.WorkerSpec(o.vocab_file, o.spm_model_file, o.do_lower_case, cfg,
                                o.random_seed)
-    stats = pipeline.run(inputs, outputs, spec, num_workers=workers,
-                         chunk_chars=int(o.chunk_size_mb * 1e6), progress=o.progress,
-                         require_instances=True)
+    if beam is not None:
+        stats = beam.run(inputs, outputs, spec, o.runner, o.beam_options,
+                         chunk_chars=int(o.chunk_size_mb * 1e6), require_instances=True)
+    else:
+        stats = pipeline.run(inputs, outputs, spec, num_workers=workers,
+                             chunk_chars=int(o.chunk_size_mb * 1e6), progress=o.progress,
+                             require_instances=True)
     summary = stats.summary(no_nsp=cfg.no_nsp, max_seq_length=cfg.max_seq_length,
                             max_sequences_per_pack=cfg.max_sequences_per_pack)
     # Only a warning here: the records are well-formed; the data doctor and the training
@@ -157,6 +171,20 @@ def create(options: Options, announce=None) -> Result:
         f"{o.vocab_file or o.spm_model_file} (do_lower_case={o.do_lower_case})",
         error_above=None)
     return Result(stats, summary, outputs, warnings + ([unk] if unk else []))
+
+
+def _beam(runner: str, beam_options: str):
+    """data_prep.beam_pipeline for a Beam runner, None for 'local' (Beam is not imported)."""
+    if runner == "local":
+        if beam_options:
+            raise InputError("--beam_options needs a Beam --runner (e.g. DirectRunner)")
+        return None
+    try:
+        from data_prep import beam_pipeline
+    except ImportError as e:
+        raise InputError(f"--runner={runner} needs Apache Beam, which is not installed "
+                         f"({e}); pip install .[beam], or --runner=local") from None
+    return beam_pipeline
 
 
 def _define_flags() -> None:

@@ -126,8 +126,9 @@ def _count_replace(exc: UnicodeDecodeError):
 codecs.register_error("data_prep_count_replace", _count_replace)
 
 
-def iter_lines(path: str, stats: Stats) -> Iterator[str]:
-    """Decoded lines of a file, read in 1 MB blocks (a line may be any length)."""
+def iter_lines(path: str, stats: Stats, open_fn=None) -> Iterator[str]:
+    """Decoded lines of a file, read in 1 MB blocks (a line may be any length). `open_fn`
+    opens the path for reading bytes (default: etils epath, local or gs://)."""
 
     def decode(raw: bytes) -> list[str]:
         before = _REPLACED[0]
@@ -136,7 +137,7 @@ def iter_lines(path: str, stats: Stats) -> Iterator[str]:
         return text.split("\n")
 
     rest = b""
-    with epath.Path(path).open("rb") as f:  # local or gs://
+    with (open_fn(path) if open_fn else epath.Path(path).open("rb")) as f:  # local or gs://
         while True:
             block = f.read(_READ_BLOCK)
             stats.input_bytes += len(block)
@@ -154,12 +155,15 @@ def iter_lines(path: str, stats: Stats) -> Iterator[str]:
         yield from decode(rest)
 
 
-def iter_documents(paths: Sequence[str], stats: Stats, max_doc_chars: int) -> Iterator[list[str]]:
+def iter_documents(paths: Sequence[str], stats: Stats, max_doc_chars: int,
+                   open_fn=None) -> Iterator[list[str]]:
     """Documents (lists of stripped non-empty lines). A blank or whitespace-only line ends a
-    document, and so does the end of a file; a document over max_doc_chars is cut."""
+    document, and so does the end of a file; a document over max_doc_chars is cut. A file's
+    documents do not depend on the files before it (data_prep/beam_pipeline.py reads files
+    apart)."""
     for path in paths:
         doc, size = [], 0
-        for line in iter_lines(path, stats):
+        for line in iter_lines(path, stats, open_fn):
             line = line.strip()
             if not line:
                 if doc:
@@ -175,13 +179,18 @@ def iter_documents(paths: Sequence[str], stats: Stats, max_doc_chars: int) -> It
             yield doc
 
 
+def doc_chars(doc: list[str]) -> int:
+    """A document's size for chunking: the characters of its stripped lines."""
+    return sum(map(len, doc))
+
+
 def iter_chunks(paths: Sequence[str], stats: Stats, chunk_chars: int
                 ) -> Iterator[tuple[int, list[list[str]], int]]:
     """(chunk_index, documents, input bytes read so far) with ~chunk_chars of text each."""
     chunk, size, k = [], 0, 0
     for doc in iter_documents(paths, stats, chunk_chars):
         chunk.append(doc)
-        size += sum(map(len, doc))
+        size += doc_chars(doc)
         if size >= chunk_chars:
             yield k, chunk, stats.input_bytes
             chunk, size, k = [], 0, k + 1
@@ -336,6 +345,21 @@ def _groups(specs: np.ndarray, cfg: inst.InstanceConfig, rng: np.random.Generato
 
 # ----------------------------------------------------------------------------- driver
 
+def split_records(blob: bytes, ends: np.ndarray, count: int, num_files: int) -> list[bytes]:
+    """The framed records `blob` (record end offsets `ends`) cut into each output file's
+    part, when `count` records of the run come before them: record i of the whole run goes
+    to file i % num_files, as in the original tool."""
+    if num_files == 1:
+        return [bytes(blob)]
+    n = len(ends)
+    starts = np.concatenate([[0], ends[:-1]]).tolist()
+    ends_l = ends.tolist()
+    mv = memoryview(blob)
+    return [b"".join(mv[starts[i]:ends_l[i]]
+                     for i in range((f - count) % num_files, n, num_files))
+            for f in range(num_files)]
+
+
 class _Outputs:
     """Output files written under temporary names, renamed only when all is done. A URI
     output (gs://...) is staged in a local temporary folder and uploaded by `commit`; an
@@ -356,18 +380,9 @@ class _Outputs:
         self.count = 0  # records written so far (round-robin position)
 
     def write(self, blob: bytes, ends: np.ndarray) -> None:
-        n, k = len(ends), len(self.files)
-        if k == 1:
-            self.files[0].write(blob)
-        else:  # record i of the whole run goes to file i % k, as the original tool
-            starts = np.concatenate([[0], ends[:-1]]).tolist()
-            ends_l = ends.tolist()
-            mv = memoryview(blob)
-            for f in range(k):
-                first = (f - self.count) % k
-                self.files[f].write(b"".join(mv[starts[i]:ends_l[i]]
-                                             for i in range(first, n, k)))
-        self.count += n
+        for f, part in zip(self.files, split_records(blob, ends, self.count, len(self.files))):
+            f.write(part)
+        self.count += len(ends)
 
     def commit(self) -> None:
         for f in self.files:

@@ -196,6 +196,13 @@ class Options:
     chunk_size_mb: float = _opt(1.0, "Input handed to a worker at a time (MB).")
     paragraphs_per_doc: int = _opt(4, "sample: paragraphs per document for prose.")
     progress: bool = _opt(True, "Show a progress bar.")
+    runner: str = _opt(
+        "local", "'local': this machine's processes (--num_workers). A Beam runner "
+        "(DirectRunner, DataflowRunner, FlinkRunner, SparkRunner; pip install .[beam]): the "
+        "same output from an Apache Beam pipeline, inputs and outputs local or in a bucket.")
+    beam_options: str = _opt(
+        "", "With a Beam --runner: its pipeline options as one string, e.g. '--project=P "
+        "--region=R --temp_location=gs://B/tmp'.")
 
 
 class RawDoc(NamedTuple):
@@ -271,8 +278,8 @@ def expand_inputs(spec: str, fmt: str, split: str = "train") -> list[tuple[str, 
             continue
         if "://" in part:
             raise PrepareError(f"--input={part}: prepare_corpus reads local files; copy them "
-                               f"here first (its output may then go to a bucket with "
-                               f"create_pretraining_data.py)")
+                               f"here first, or run it on Beam (--runner), which reads "
+                               f"buckets")
         hits = sorted(glob.glob(part)) if glob.has_magic(part) else [part]
         if not hits or not all(os.path.exists(h) for h in hits):
             raise PrepareError(f"--input={part}: no such file or folder")
@@ -798,8 +805,7 @@ def output_paths(spec: str, num_shards: int) -> list[str]:
         raise PrepareError("--output: no output given")
     if "://" in spec:
         raise PrepareError(f"--output={spec}: prepare_corpus reads and writes local files; "
-                           f"create_pretraining_data.py reads its input and writes its "
-                           f"TFRecords in a bucket itself")
+                           f"on Beam (--runner) it writes to buckets")
     if num_shards < 1:
         raise PrepareError(f"--num_output_shards must be >= 1 (got {num_shards})")
     if spec.endswith(os.sep) or os.path.isdir(spec):
@@ -890,12 +896,8 @@ def _fork_safe() -> bool:
     return not any(name in sys.modules for name in ("tensorflow", "jaxlib", "torch"))
 
 
-def prepare(options: Options) -> Summary:
-    """The command line's work in process: PrepareError for bad settings or input with
-    nothing usable (nothing written then, an older output stays); OSError on a write."""
-    from tqdm import tqdm
-
-    o = options
+def check_options(o: Options) -> None:
+    """PrepareError for a bad setting (before any input is read)."""
     if o.doc_split not in ("file", "blank_line"):
         raise PrepareError(f"--doc_split={o.doc_split}: expected file or blank_line")
     if o.min_sentences < 0 or o.min_doc_chars < 0 or o.chunk_size_mb <= 0:
@@ -905,6 +907,37 @@ def prepare(options: Options) -> Summary:
         _splitter(o.language)
     except ValueError as e:
         raise PrepareError(f"--language={o.language}: {e}") from None
+
+
+def nothing_usable(o: Options, summary: Summary) -> str:
+    """The refusal when no document is kept."""
+    dropped = ", ".join(f"{r} {n}" for r, n in summary.dropped.items() if n)
+    first = f"; {summary.bad[0]}" if summary.bad else ""
+    return (f"--input={o.input}: nothing usable: {summary.documents} document(s) read, "
+            f"none kept ({dropped or 'no documents'}){first}; {o.output} not written")
+
+
+def _beam(runner: str):
+    """data_prep.beam_pipeline, or PrepareError saying how to install Apache Beam."""
+    try:
+        from data_prep import beam_pipeline
+    except ImportError as e:
+        raise PrepareError(f"--runner={runner} needs Apache Beam, which is not installed "
+                           f"({e}); pip install .[beam], or --runner=local") from None
+    return beam_pipeline
+
+
+def prepare(options: Options) -> Summary:
+    """The command line's work in process: PrepareError for bad settings or input with
+    nothing usable (nothing written then, an older output stays); OSError on a write."""
+    from tqdm import tqdm
+
+    o = options
+    check_options(o)
+    if o.runner != "local":
+        return _beam(o.runner).prepare(o, o.runner, o.beam_options)
+    if o.beam_options:
+        raise PrepareError("--beam_options needs a Beam --runner (e.g. DirectRunner)")
     inputs = expand_inputs(o.input, o.format, o.split)
     outputs = output_paths(o.output, o.num_output_shards)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -951,11 +984,7 @@ def prepare(options: Options) -> Summary:
             done = position
         summary.bytes_in = progress.done
         if not summary.kept:
-            dropped = ", ".join(f"{r} {n}" for r, n in summary.dropped.items() if n)
-            first = f"; {summary.bad[0]}" if summary.bad else ""
-            raise PrepareError(
-                f"--input={o.input}: nothing usable: {summary.documents} document(s) read, "
-                f"none kept ({dropped or 'no documents'}){first}; {o.output} not written")
+            raise PrepareError(nothing_usable(o, summary))
         for f in files:
             f.close()
         for t, p in zip(tmps, outputs):
@@ -1024,10 +1053,10 @@ def main(argv):
     if not o.input or not o.output:
         raise app.UsageError("--input and --output are required")
     for flag in ("input", "output"):
-        if "://" in getattr(o, flag):
+        if "://" in getattr(o, flag) and o.runner == "local":
             raise app.UsageError(f"--{flag}={getattr(o, flag)}: prepare_corpus reads and "
-                                 f"writes local files; create_pretraining_data.py reads its "
-                                 f"input and writes its TFRecords in a bucket itself")
+                                 f"writes local files; on Beam (--runner) it reads and "
+                                 f"writes buckets")
     if o.format == "sample":
         return _main_sample(o)
     try:
