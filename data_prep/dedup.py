@@ -57,6 +57,11 @@ def normalize(text: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
+def digest(norm: str) -> int:
+    """The exact-duplicate key of a normalized text (`normalize`): 128-bit BLAKE2b."""
+    return int.from_bytes(hashlib.blake2b(norm.encode("utf-8"), digest_size=16).digest())
+
+
 def lsh_bands(threshold: float, num_perm: int, false_candidate_weight: float = 0.1,
               missed_weight: float = 0.9) -> tuple[int, int]:
     """(b, r), b * r <= num_perm, minimising the weighted areas under the false-candidate
@@ -141,11 +146,16 @@ class Deduplicator:
     def check(self, text: str) -> str | None:
         """None: new (now remembered); "exact" or "near": a duplicate of a kept document."""
         norm = normalize(text)
-        digest = int.from_bytes(hashlib.blake2b(norm.encode("utf-8"), digest_size=16).digest())
-        if digest in self._digests:
+        return self.check_digest(digest(norm), lambda: self.signature(norm))
+
+    def check_digest(self, text_digest: int, sig) -> str | None:
+        """`check` of a document known by `digest(normalize(text))` and its signature
+        (`signature(normalize(text))`, or a function computing it, called only when the
+        document is not an exact duplicate): for signatures made in worker processes."""
+        if text_digest in self._digests:
             self.exact += 1
             return "exact"
-        sig = self.signature(norm)
+        sig = sig() if callable(sig) else sig
         bands = sig[:self.bands * self.rows].reshape(self.bands, self.rows).astype(np.uint64)
         keys = (bands * self._band_mult).sum(axis=1).tolist()
         candidates = set()
@@ -170,6 +180,6 @@ class Deduplicator:
                     hit.append(doc)
                 else:
                     table[k] = [hit, doc]
-        self._digests.add(digest)
+        self._digests.add(text_digest)
         self.kept += 1
         return None

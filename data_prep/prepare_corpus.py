@@ -36,9 +36,9 @@ The stages, for engines that run them elsewhere (Apache Beam):
   * `clean_document(raw, options) -> Cleaned(sentences | None, drop reason, note)`: pure, the
     per-document work (parse, strip, fix, split, length checks);
   * `fingerprint(sentences, options)`: pure, the expensive half of deduplication (the
-    MinHash signature of `dedup_text(sentences)`), done beside the cleaning;
-  * `check_fingerprint(deduplicator, sentences, signature)`: stateful, Deduplicator.check
-    (data_prep/dedup.py) with that signature; the kept documents in input order;
+    digest and MinHash signature of `dedup_text(sentences)`), done beside the cleaning;
+  * `check_fingerprint(deduplicator, digest, signature)`: stateful, Deduplicator.check
+    (data_prep/dedup.py) of that fingerprint; the kept documents in input order;
   * `format_document(sentences)`: the output text of one document.
 `prepare(options)` runs them locally: chunks of documents cleaned and fingerprinted by
 --num_workers processes, results taken in input order, deduplicated and written
@@ -820,37 +820,26 @@ def output_paths(spec: str, num_shards: int) -> list[str]:
 def _deduplicator(options: Options):
     from data_prep.dedup import Deduplicator
 
-    class Presigned(Deduplicator):
-        """Deduplicator whose check takes the signature made beside the cleaning, in a
-        worker (`fingerprint`): the parent only looks it up and files it."""
-
-        given = None
-
-        def signature(self, norm):
-            return super().signature(norm) if self.given is None else self.given
-
-    return Presigned(threshold=options.dedup_threshold)
+    return Deduplicator(threshold=options.dedup_threshold)
 
 
-def fingerprint(sentences: list[str], options: Options):
+def fingerprint(sentences: list[str], options: Options) -> tuple:
     """The expensive half of deduplication, computed where the document is cleaned: the
-    MinHash signature of its normalized text (Deduplicator.signature)."""
-    from data_prep.dedup import normalize
+    exact-duplicate digest of its normalized text and its MinHash signature
+    (data_prep.dedup.digest, Deduplicator.signature)."""
+    from data_prep.dedup import digest, normalize
 
     key = ("dedup", options.dedup_threshold)
     if key not in _STATE:
         _STATE[key] = _deduplicator(options)
-    return _STATE[key].signature(normalize(dedup_text(sentences)))
+    norm = normalize(dedup_text(sentences))
+    return digest(norm), _STATE[key].signature(norm)
 
 
-def check_fingerprint(dedup, sentences: list[str], signature) -> str | None:
-    """Deduplicator.check of the document, with its signature from `fingerprint`: the same
-    answers and state (tests/data_prep/test_corpus_door.py compares the two)."""
-    dedup.given = signature
-    try:
-        return dedup.check(dedup_text(sentences))
-    finally:
-        dedup.given = None
+def check_fingerprint(dedup, text_digest: int, signature) -> str | None:
+    """Deduplicator.check of a document from its `fingerprint` (Deduplicator.check_digest):
+    the same answers and state (tests/data_prep/test_corpus_door.py compares the two)."""
+    return dedup.check_digest(text_digest, signature)
 
 
 def _clean_chunk(docs: list[RawDoc], options: Options) -> list[tuple[Cleaned, tuple | None]]:
@@ -968,7 +957,7 @@ def prepare(options: Options) -> Summary:
                 summary.documents += 1
                 reason = c.reason
                 if reason is None and dedup is not None:
-                    found = check_fingerprint(dedup, c.sentences, fp)
+                    found = check_fingerprint(dedup, *fp)
                     reason = f"{found} duplicate" if found else None
                 if reason is not None:
                     summary.dropped[reason] += 1

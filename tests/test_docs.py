@@ -209,10 +209,25 @@ def test_every_docs_page_is_linked_and_every_link_resolves():
     for page in sorted((REPO / "docs").glob("*.md")):
         assert f"(docs/{page.name})" in readme, f"README.md does not link docs/{page.name}"
     for page in PAGES + [REPO / "WORKSPACE.md"]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+        for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)]*))?\)", page.read_text()):
             if "://" in target:
                 continue
             assert (page.parent / target).exists(), f"{page.name}: link to {target} is broken"
+            if anchor and target.endswith(".md"):
+                headings = re.findall(r"^#+ (.+)$", (page.parent / target).read_text(), re.M)
+                assert anchor in {_slug(h) for h in headings}, (
+                    f"{page.name}: {target} has no heading for #{anchor}")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading: lower case, punctuation but hyphens dropped,
+    spaces made hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_slug_is_githubs():
+    assert _slug("From a Wikipedia dump to training") == "from-a-wikipedia-dump-to-training"
+    assert _slug("Text in, logits out") == "text-in-logits-out"
 
 
 def test_the_readme_print_config_command_runs(tmp_path):

@@ -326,7 +326,7 @@ def test_fingerprint_check_answers_as_deduplicator_check():
     ref, mine = Deduplicator(), pc._deduplicator(o)
     answers = [ref.check(pc.dedup_text([d])) for d in docs]
     assert answers == [None, None, "exact", "near", "exact", None]
-    assert [pc.check_fingerprint(mine, [d], pc.fingerprint([d], o)) for d in docs] == answers
+    assert [pc.check_fingerprint(mine, *pc.fingerprint([d], o)) for d in docs] == answers
     assert (mine.kept, mine.exact, mine.near) == (ref.kept, ref.exact, ref.near)
 
 
