@@ -8,6 +8,12 @@
     layer-wise trust ratio (`lamb` below);
   * learning rate: linear warmup, then polynomial (power 1 = the paper's linear) or cosine
     decay to `schedule.end_lr`;
+  * two conventions (Hugging Face's by default, as `transformers` + `torch.optim.AdamW`
+    train): Adam with bias correction, and a decay from the peak over the steps after
+    warmup. google-research/bert's `AdamWeightDecayOptimizer` has no bias correction
+    (`optimizer.bias_correction=False`: `scale_by_adam_uncorrected`) and decays over all
+    steps from step 0, the warmup replacing the rate while it lasts
+    (`schedule.decay_from="start"`);
   * gradients clipped to global norm `optimizer.clip_norm` (1.0 as the original) first;
   * optionally, layer-wise learning-rate decay for fine-tuning (`optimizer.layer_decay`,
     `with_layer_decay`): lower layers move less than the top ones.
@@ -22,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -29,6 +36,7 @@ from bert_jax.models.config import ConfigError
 
 OPTIMIZERS = ("adamw", "lamb")
 DECAYS = ("polynomial", "linear", "cosine", "constant")
+DECAY_FROM = ("peak", "start")
 
 
 def make_schedule(schedule, total_steps: int) -> optax.Schedule:
@@ -39,6 +47,10 @@ def make_schedule(schedule, total_steps: int) -> optax.Schedule:
     schedule.decay: polynomial | linear | cosine | constant over the remaining
     `total_steps - warmup_steps` steps down to schedule.end_lr (polynomial uses
     schedule.power; linear is polynomial with power 1, the paper's choice).
+    schedule.decay_from: "peak" (the above: step t >= W decays over T - W steps, Hugging
+    Face's get_linear_schedule_with_warmup) or "start" (google-research/bert's
+    create_optimizer: the decay runs over all T steps from step 0, lr (1 - t / T) for
+    linear, and the warmup's lr t / W replaces it for t < W).
     """
     lr, warmup = float(schedule.lr), warmup_steps(schedule, total_steps)
     end_lr = float(schedule.get("end_lr", 0.0))
@@ -49,7 +61,20 @@ def make_schedule(schedule, total_steps: int) -> optax.Schedule:
         raise ConfigError(
             f"config.schedule.warmup_steps={warmup} and total steps {total_steps} must be "
             ">= 0 and > 0")
-    decay_steps = max(total_steps - warmup, 1)
+    decay_from = schedule.get("decay_from", "peak")
+    if decay_from not in DECAY_FROM:
+        raise ConfigError(f"config.schedule.decay_from={decay_from!r}; expected one of "
+                          f"{DECAY_FROM}")
+    if decay_from == "start":
+        return _decay_from_start(_decay(schedule, decay, lr, end_lr, total_steps), lr, warmup)
+    after = _decay(schedule, decay, lr, end_lr, max(total_steps - warmup, 1))
+    if warmup == 0:
+        return after
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
+
+
+def _decay(schedule, decay: str, lr: float, end_lr: float, decay_steps: int) -> optax.Schedule:
+    """The decay part of the schedule: lr -> end_lr over `decay_steps` from its step 0."""
     if decay == "constant":
         after = optax.constant_schedule(lr)
     elif decay == "cosine":
@@ -57,9 +82,21 @@ def make_schedule(schedule, total_steps: int) -> optax.Schedule:
     else:
         power = 1.0 if decay == "linear" else float(schedule.get("power", 1.0))
         after = optax.polynomial_schedule(lr, end_lr, power, decay_steps)
+    return after
+
+
+def _decay_from_start(after: optax.Schedule, lr: float, warmup: int) -> optax.Schedule:
+    """google-research/bert's rule: `after` at the global step t (not t - warmup), and
+    lr * t / warmup instead while t < warmup."""
     if warmup == 0:
         return after
-    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), after], [warmup])
+
+    def schedule(step):
+        t = jnp.asarray(step)
+        warm = lr * t.astype(jnp.float32) / float(warmup)
+        return jnp.where(t < warmup, warm, after(step))
+
+    return schedule
 
 
 def warmup_steps(schedule, total_steps: int) -> int:
@@ -92,8 +129,48 @@ def decay_mask(params: Any) -> Any:
     return jax.tree_util.tree_map_with_path(lambda p, _: decays(_path_names(p)), params)
 
 
+def scale_by_adam_uncorrected(b1: float = 0.9, b2: float = 0.999,
+                              eps: float = 1e-6) -> optax.GradientTransformation:
+    """Adam's direction without bias correction, as google-research/bert's
+    AdamWeightDecayOptimizer computes it (optimization.py):
+
+        m = b1 m + (1 - b1) g;   v = b2 v + (1 - b2) g^2;   u = m / (sqrt(v) + eps)
+
+    The state is optax's ScaleByAdamState (count, mu, nu), the bias-corrected transform's
+    own, so a run can resume with either setting."""
+    base = optax.scale_by_adam(b1=b1, b2=b2, eps=eps)
+
+    def update(updates, state, params=None):
+        del params
+        mu = jax.tree_util.tree_map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+        nu = jax.tree_util.tree_map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g),
+                                    state.nu, updates)
+        out = jax.tree_util.tree_map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        count = optax.safe_int32_increment(state.count)
+        return out, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(base.init, update)
+
+
+def adamw(learning_rate, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
+          weight_decay: float = 0.01, mask=decay_mask,
+          bias_correction: bool = True) -> optax.GradientTransformation:
+    """AdamW: `optax.adamw` itself with bias correction; without it, the same chain with
+    `scale_by_adam_uncorrected`, which is google-research/bert's AdamWeightDecayOptimizer:
+    w -= lr * (m / (sqrt(v) + eps) + weight_decay * w), the decay where `mask` is True."""
+    if bias_correction:
+        return optax.adamw(learning_rate, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
+                           mask=mask)
+    return optax.chain(
+        scale_by_adam_uncorrected(b1=b1, b2=b2, eps=eps),
+        optax.add_decayed_weights(weight_decay=weight_decay, mask=mask),
+        optax.scale_by_learning_rate(learning_rate),
+    )
+
+
 def lamb(learning_rate, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6,
-         weight_decay: float = 0.01, mask=decay_mask) -> optax.GradientTransformation:
+         weight_decay: float = 0.01, mask=decay_mask,
+         bias_correction: bool = True) -> optax.GradientTransformation:
     """LAMB (You et al. 2019, Algorithm 2) as BERT recipes run it: weight decay AND the
     layer-wise trust ratio only where `mask` is True (kernels and embeddings); biases and
     LayerNorm parameters take plain Adam steps.
@@ -122,9 +199,12 @@ def lamb(learning_rate, *, b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6
     in float32 (so does apex's kernel): b2 = 0.999 rounds to 0.99900001287, which changes
     the first step by 6e-6 relative and fades with t.
     Built from optax parts; only the mask on the trust ratio differs from `optax.lamb`.
+    bias_correction=False drops the 1 - b^t factors (`scale_by_adam_uncorrected`), as
+    FusedLAMB's bias_correction=False does.
     """
     return optax.chain(
-        optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0),
+        optax.scale_by_adam(b1=b1, b2=b2, eps=eps, eps_root=0.0) if bias_correction
+        else scale_by_adam_uncorrected(b1=b1, b2=b2, eps=eps),
         optax.add_decayed_weights(weight_decay=weight_decay, mask=mask),
         optax.masked(optax.scale_by_trust_ratio(), mask),
         optax.scale_by_learning_rate(learning_rate),
@@ -251,17 +331,19 @@ def with_layer_decay(inner: optax.GradientTransformation,
 def make_optimizer(optimizer, schedule, total_steps: int) -> optax.GradientTransformation:
     """optax transformation from the config's `optimizer` and `schedule` sections.
 
-    optimizer.name: adamw | lamb; b1, b2, eps, weight_decay; clip_norm (<= 0: no clipping);
-    layer_decay (1: off; < 1: `with_layer_decay`, for fine-tuning).
-    adamw is `optax.adamw` (bias-corrected, decoupled decay masked by `decay_mask`); lamb
-    is `lamb` above (decay and trust ratio masked by `decay_mask`).
+    optimizer.name: adamw | lamb; b1, b2, eps, weight_decay; bias_correction (False:
+    google-research/bert's Adam); clip_norm (<= 0: no clipping); layer_decay (1: off;
+    < 1: `with_layer_decay`, for fine-tuning).
+    adamw is `adamw` above (`optax.adamw` with bias correction; decoupled decay masked by
+    `decay_mask`); lamb is `lamb` above (decay and trust ratio masked by `decay_mask`).
     """
     check_optimizer(optimizer)
     name = optimizer.name
     lr = make_schedule(schedule, total_steps)
     kwargs = dict(b1=float(optimizer.b1), b2=float(optimizer.b2), eps=float(optimizer.eps),
-                  weight_decay=float(optimizer.weight_decay), mask=decay_mask)
-    core = optax.adamw(lr, **kwargs) if name == "adamw" else lamb(lr, **kwargs)
+                  weight_decay=float(optimizer.weight_decay), mask=decay_mask,
+                  bias_correction=bool(optimizer.get("bias_correction", True)))
+    core = adamw(lr, **kwargs) if name == "adamw" else lamb(lr, **kwargs)
     core = with_layer_decay(core, optimizer.get("layer_decay", 1.0))
     clip = float(optimizer.get("clip_norm", 1.0))
     if clip > 0:

@@ -31,6 +31,10 @@ DESCRIPTIONS = {
                              "training workdir (fine-tuning: the pretrained encoder).",
     "train.init_state": "`params`: the weights only; `full`: a workdir's weights, optimizer "
                         "state, step and RNG (phase 2).",
+    "train.init_extend_positions": "Warm start with more positions than the checkpoint: "
+                                   "`repeat` repeats the learned rows; empty: refused.",
+    "train.init_extend_vocab": "Warm start with a vocabulary extending the checkpoint's: "
+                               "`mean` averages a new entry's old pieces; empty: refused.",
     "train.random_init": "Fine-tuning control run: the checkpoint's architecture with fresh "
                          "random weights.",
     "train.do_train": "Fine-tuning: False evaluates and predicts with a fine-tuned "
@@ -54,6 +58,8 @@ DESCRIPTIONS = {
                       "`constant`.",
     "schedule.power": "Exponent of the `polynomial` decay (`linear` is power 1).",
     "schedule.end_lr": "Learning rate at the end of the decay.",
+    "schedule.decay_from": "`peak`: decay over the steps after warmup (Hugging Face); `start`: "
+                           "over all steps from step 0 (google-research/bert).",
     "schedule.total_steps": "Steps the schedule spans; -1: the run's steps (phase 2 continues "
                             "phase 1's 1M-step schedule).",
 
@@ -66,6 +72,8 @@ DESCRIPTIONS = {
     "optimizer.b2": "Adam's second-moment decay.",
     "optimizer.eps": "Adam's epsilon.",
     "optimizer.weight_decay": "Decoupled weight decay, on kernels and embeddings only.",
+    "optimizer.bias_correction": "Adam's bias correction (Hugging Face, optax); False: "
+                                 "without, as google-research/bert's optimizer.",
     "optimizer.clip_norm": "Clip the gradient's global norm to this; <= 0: no clipping.",
     "optimizer.layer_decay": "Layer-wise rate decay: layer i of L takes decay^(L-i) of the "
                              "rate, the embeddings decay^(L+1); 1: off.",

@@ -21,6 +21,15 @@ def test_ci_runs_the_readme_test_command():
     assert _readme_test_command() in ci.splitlines()
 
 
+def test_the_test_command_installs_tensorflow_text():
+    """tests/convert/test_savedmodel.py skips the string signatures without tensorflow-text;
+    the suite's own install must have it, at the pinned version, so that CI runs them."""
+    command = _readme_test_command()
+    assert "--no-deps -c constraints.txt tensorflow-text" in command
+    pins = (REPO / "constraints.txt").read_text().splitlines()
+    assert any(re.fullmatch(r"tensorflow-text==[\d.]+", line) for line in pins)
+
+
 @pytest.mark.parametrize("name, layers, hidden", [
     ("bert_tiny", 2, 128), ("bert_base", 12, 768), ("bert_large", 24, 1024)])
 def test_model_configs(name, layers, hidden):

@@ -3,11 +3,13 @@ the paper's defaults, the keys that moved, and loading a config from Python.
 
     config.train       batch_size, eval_batch_size, steps or epochs, seed, accum_steps,
                        log_every, eval_every, eval_steps, init_checkpoint, init_state,
-                       random_init, do_train, skip_nonfinite, deterministic, tensorboard,
-                       profile_steps, profile_start
+                       init_extend_positions, init_extend_vocab, random_init, do_train,
+                       skip_nonfinite, deterministic, tensorboard, profile_steps,
+                       profile_start
     config.schedule    lr, warmup_steps (< 0: warmup_ratio of the steps), warmup_ratio, decay,
-                       power, end_lr, total_steps (-1: the run's steps)
-    config.optimizer   name (adamw | lamb), b1, b2, eps, weight_decay, clip_norm, layer_decay
+                       power, end_lr, total_steps (-1: the run's steps), decay_from
+    config.optimizer   name (adamw | lamb), b1, b2, eps, weight_decay, clip_norm, layer_decay,
+                       bias_correction
     config.mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules
     config.checkpoint  every (0: at the end only), keep, keep_period, async_save
     config.sweep       fine-tuning: lrs, restarts, save_best_model, delete_finished
@@ -38,7 +40,9 @@ from bert_jax.data.pretrain import data_config
 def optimizer_config(**overrides) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(dict(
         name="adamw", b1=0.9, b2=0.999, eps=1e-6, weight_decay=0.01, clip_norm=1.0,
-        layer_decay=1.0))
+        layer_decay=1.0,
+        # False: Adam without bias correction, google-research/bert's optimizer.
+        bias_correction=True))
     c.update(overrides)
     return c
 
@@ -46,7 +50,10 @@ def optimizer_config(**overrides) -> ml_collections.ConfigDict:
 def schedule_config(**overrides) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(dict(
         lr=1e-4, warmup_steps=10_000, warmup_ratio=0.0, decay="linear", power=1.0,
-        end_lr=0.0, total_steps=-1))
+        end_lr=0.0, total_steps=-1,
+        # "peak": decay over the steps after warmup (Hugging Face); "start": over all steps
+        # from step 0, the warmup replacing it while it lasts (google-research/bert).
+        decay_from="peak"))
     c.update(overrides)
     return c
 
@@ -70,6 +77,12 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         # What to take from a workdir init_checkpoint: "params", or "full" = params,
         # optimizer state, step and RNG (phase 2 continuing phase 1's schedule).
         init_state="params",
+        # Shape changes a warm start takes on purpose ("": refused): a longer
+        # model.max_position_embeddings ("repeat": new rows repeat the learned table) and a
+        # larger vocabulary extending the checkpoint's ("mean": a new entry's row is the
+        # mean of its pieces' rows under the old vocabulary). bert_jax/train/warm_start.py.
+        init_extend_positions="",
+        init_extend_vocab="",
         random_init=False,       # fine-tuning control run: the architecture, fresh weights
         do_train=True,           # fine-tuning: False evaluates / predicts init_checkpoint
         skip_nonfinite=False,    # False: stop naming the step; True: skip that update

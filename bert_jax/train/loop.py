@@ -108,6 +108,7 @@ def precheck(config):
     optim.check_optimizer(config.optimizer)
     optim.warmup_steps(config.schedule, 1)  # a warmup_ratio out of [0, 1]
     checkpoint_every(config)
+    warm_start.Resize.from_config(config.train)  # an unknown rule
     if config.train.init_state not in ("params", "full"):
         raise ConfigError(f"config.train.init_state={config.train.init_state!r}; expected "
                           f"'params' or 'full'")
@@ -172,7 +173,8 @@ def fresh_state(config, task, programs: Programs, mesh, rules, rng=None):
     if task.init_source is not None:
         state, rng = warm_start.warm_start(
             task.init_source, state, rng, programs.abstract, programs.shardings, programs.tx,
-            rep, keys=task.init_keys, full=config.train.init_state == "full")
+            rep, keys=task.init_keys, full=config.train.init_state == "full",
+            resize=getattr(task, "init_resize", None))
     return state, rng
 
 
@@ -207,11 +209,16 @@ class _Run:
             platform_name(self.mesh.devices.flat[0].platform),
             deterministic_training=bool(config.train.deterministic))
         self.resumable = bool(saved_steps(self.workdir))
+        if (warm_start.Resize.from_config(config.train).active
+                and getattr(task, "init_resize", None) is None):
+            raise ConfigError(f"config.train.init_extend_positions / init_extend_vocab apply "
+                              f"to pre-training warm starts, not to {task.title}; extend the "
+                              f"model by a pre-training run first")
         if task.init_source is not None and not self.resumable:
             # Shapes only, from the source's metadata: before any data is read or compiled.
             warm_start.check_shapes(task.init_source,
                                     state_lib.abstract_params(task.model, task.init_inputs()),
-                                    task.init_keys)
+                                    task.init_keys, getattr(task, "init_resize", None))
         self.batch_sharding = data_device.batch_sharding(self.mesh, self.rules)
         self.rep = sharding_lib.replicated(self.mesh)
         # The input is checked before anything is built or compiled.

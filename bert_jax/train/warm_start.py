@@ -6,10 +6,17 @@ another run's workdir); `keys` are the top-level parameter trees taken from it (
 the others keep their fresh init. `check_shapes` runs before anything compiles. A workdir's
 trees are restored by orbax straight onto the mesh; `full` (train.init_state="full") also
 takes its optimizer state, step and RNG, so the schedule continues: the paper's phase 2.
+
+Two shape changes are taken on purpose, each opted into (`Resize`; every other difference
+is refused): a longer `max_position_embeddings` (train.init_extend_positions) and a larger
+vocabulary whose first entries are the checkpoint's own (train.init_extend_vocab). The old
+rows are copied unchanged; the new ones follow the rules of `grow_positions` and
+`grow_vocab`; the run's log names each tensor resized, its shapes and its rule.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Optional, Sequence
 
 import flax
@@ -18,7 +25,9 @@ import numpy as np
 
 from bert_jax.convert.sources import locate
 from bert_jax.convert.sources import InitSource, flat_shapes
+from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import UserError
+from bert_jax.models.config import ConfigError
 from bert_jax.models.params import stack_layers
 from bert_jax.train import checkpoint as ckpt_lib
 
@@ -34,16 +43,164 @@ class InitCheckpointError(UserError, ValueError):
     """An init checkpoint without a tensor the run takes, or with another shape."""
 
 
-def check_architecture(theirs, ours, what: str) -> None:
+# The tensors a Resize may grow along their first axis, by option.
+POSITIONS = "bert/embeddings/position_embeddings/embedding"
+WORDS = "bert/embeddings/word_embeddings/embedding"
+MLM_BIAS = "mlm/output_bias"
+POSITION_RULES = ("repeat",)
+VOCAB_RULES = ("mean",)
+
+
+@dataclasses.dataclass(frozen=True)
+class Resize:
+    """The shape changes a warm start may make; "" refuses one (the default).
+
+    positions: "repeat" (`grow_positions`) lets a run with a longer max_position_embeddings
+    start from the checkpoint. vocab: "mean" (`grow_vocab`) lets a run with a larger
+    vocabulary start from it; vocab_file is the run's WordPiece vocab.txt, whose first
+    entries must be the checkpoint's vocabulary, and do_lower_case its casing."""
+
+    positions: str = ""
+    vocab: str = ""
+    vocab_file: Optional[str] = None
+    do_lower_case: bool = True
+
+    @classmethod
+    def from_config(cls, train, vocab_file: Optional[str] = None,
+                    do_lower_case: bool = True) -> "Resize":
+        positions = str(train.get("init_extend_positions", "") or "")
+        vocab = str(train.get("init_extend_vocab", "") or "")
+        for key, value, rules in (("init_extend_positions", positions, POSITION_RULES),
+                                  ("init_extend_vocab", vocab, VOCAB_RULES)):
+            if value and value not in rules:
+                raise ConfigError(f"config.train.{key}={value!r}; expected '' (refuse the "
+                                  f"shape change) or one of {rules}")
+        return cls(positions, vocab, vocab_file or None, bool(do_lower_case))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.positions or self.vocab)
+
+
+def check_architecture(theirs, ours, what: str, resize: Optional[Resize] = None) -> None:
     """BertConfigs `theirs` (a checkpoint's) and `ours` (config.model) agree on every key
-    that shapes a tensor; else an ArchitectureError naming each differing key."""
+    that shapes a tensor, except a longer max_position_embeddings or a larger vocab_size
+    that `resize` takes; else an ArchitectureError naming each differing key."""
+    resize = resize or Resize()
     diff = {k: (getattr(theirs, k), getattr(ours, k)) for k in ARCH_KEYS
             if getattr(theirs, k) != getattr(ours, k)}
+    grown = {"max_position_embeddings": resize.positions, "vocab_size": resize.vocab}
+    diff = {k: v for k, v in diff.items() if not (grown.get(k) and v[1] > v[0])}
     if diff:
+        hints = [f"a longer {k} warm-starts with config.train.{option}='{rule}'"
+                 for k, option, rule in (("max_position_embeddings", "init_extend_positions",
+                                          POSITION_RULES[0]),
+                                         ("vocab_size", "init_extend_vocab", VOCAB_RULES[0]))
+                 if k in diff and diff[k][1] > diff[k][0] and not grown[k]]
         raise ArchitectureError(
             f"{what}: architecture differs from config.model (checkpoint, config): {diff}; "
             f"start from a checkpoint of this architecture, or set config.model to the "
-            f"checkpoint's")
+            f"checkpoint's" + "".join(f"; {h}" for h in hints))
+
+
+def check_warm_start(source: InitSource, ours, what: str,
+                     resize: Optional[Resize] = None) -> None:
+    """check_architecture, and for a larger vocabulary taken by `resize`, that the run's
+    vocabulary extends the checkpoint's (`vocab_extension`). Reads only small files."""
+    check_architecture(source.config, ours, what, resize)
+    if resize is not None and resize.vocab and ours.vocab_size > source.config.vocab_size:
+        vocab_extension(source, resize, ours.vocab_size, what)
+
+
+def vocab_extension(source: InitSource, resize: Resize, vocab_size: int, what: str):
+    """(the checkpoint's tokenizer, the run's vocabulary entries) once the run's vocabulary
+    (resize.vocab_file) is checked to hold the checkpoint's (source.vocab) as its first
+    entries, one per row of the checkpoint's table, and to fit the run's vocab_size; else
+    an InitCheckpointError in one line naming both files (and the first differing entry)."""
+    what = f"{what}: config.train.init_extend_vocab={resize.vocab!r}"
+    if not source.vocab:
+        raise InitCheckpointError(f"{what} needs the checkpoint's vocabulary, and it records "
+                                  f"none (a model directory's vocab.txt, a workdir's "
+                                  f"data.vocab_file)")
+    if not resize.vocab_file:
+        raise InitCheckpointError(f"{what} needs the run's vocabulary: set "
+                                  f"config.data.vocab_file")
+    for path in (source.vocab, resize.vocab_file):
+        if str(path).endswith(".model"):
+            raise InitCheckpointError(f"{what}: {path} is a SentencePiece model; extending "
+                                      f"a vocabulary takes WordPiece vocab.txt files")
+    old = load_tokenizer(vocab_file=source.vocab, do_lower_case=resize.do_lower_case)
+    new = load_tokenizer(vocab_file=resize.vocab_file).vocab
+    rows = source.config.vocab_size
+    both = f"run vocabulary {resize.vocab_file}, checkpoint vocabulary {source.vocab}"
+    if len(old.vocab) != rows:
+        raise InitCheckpointError(f"{what}: the checkpoint's vocabulary has {len(old.vocab)} "
+                                  f"entries but its model {rows} rows ({both})")
+    if not rows <= len(new) <= vocab_size:
+        raise InitCheckpointError(f"{what}: the run's vocabulary has {len(new)} entries; "
+                                  f"expected from the checkpoint's {rows} to config.model."
+                                  f"vocab_size={vocab_size} ({both})")
+    for i, (a, b) in enumerate(zip(old.vocab, new)):
+        if a != b:
+            raise InitCheckpointError(f"{what}: the run's vocabulary does not extend the "
+                                      f"checkpoint's: entry {i} is {b!r} in "
+                                      f"{resize.vocab_file} but {a!r} in {source.vocab}")
+    return old, new
+
+
+def grow_positions(table: np.ndarray, rows: int, rule: str = "repeat") -> np.ndarray:
+    """A position table of `rows` rows from a learned one of n < rows: rows 0..n-1 as they
+    are; "repeat" (Longformer's rule): row i = row i mod n, so rows n..2n-1 repeat rows
+    0..n-1, and so on. Every position keeps a learned vector, and nearby positions keep
+    the similarity the model learned between them."""
+    if rule not in POSITION_RULES:
+        raise ValueError(f"position rule {rule!r}; expected one of {POSITION_RULES}")
+    return np.asarray(table)[np.arange(rows) % table.shape[0]]
+
+
+def continuation_pieces(text: str, vocab: dict) -> Optional[list]:
+    """The ids of `text` read as the inside of a word: WordPiece's greedy longest match
+    with every piece a "##" continuation; None if some part has no piece."""
+    ids, start = [], 0
+    while start < len(text):
+        end = len(text)
+        while end > start and "##" + text[start:end] not in vocab:
+            end -= 1
+        if end == start:
+            return None
+        ids.append(vocab["##" + text[start:end]])
+        start = end
+    return ids
+
+
+def subtoken_ids(entries: Sequence[str], old_tokenizer) -> list:
+    """Each new vocabulary entry's ids under the checkpoint's vocabulary: a word is
+    tokenized as text by the old WordPiece tokenizer (its casing, its punctuation split);
+    a "##" piece as the inside of a word (`continuation_pieces`). Where the old
+    vocabulary has no pieces for it, the old tokenizer's own answer: [UNK]."""
+    vocab = {t: i for i, t in enumerate(old_tokenizer.vocab)}
+    out = []
+    for entry in entries:
+        if entry.startswith("##") and len(entry) > 2:
+            ids = continuation_pieces(entry[2:], vocab)
+        else:
+            ids = old_tokenizer.encode(entry)
+        out.append(list(ids) if ids else [old_tokenizer.unk_id])
+    return out
+
+
+def grow_vocab(table: np.ndarray, pieces: Sequence[Sequence[int]],
+               fresh: np.ndarray) -> np.ndarray:
+    """A word-embedding table (or the MLM output bias, a vector) for a vocabulary extended
+    by len(pieces) entries: the checkpoint's rows unchanged; new entry j's row = the mean
+    of the checkpoint's rows `pieces[j]` (its ids under the old vocabulary: `subtoken_ids`),
+    averaged in float64; rows past the run's vocabulary (padding, no entry) keep `fresh`,
+    the run's own init. The MLM decoder is tied to this table, so it follows."""
+    table = np.asarray(table)
+    rows = [table] + [np.mean(table[list(ids)].astype(np.float64), axis=0,
+                              keepdims=True).astype(table.dtype) for ids in pieces]
+    grown = np.concatenate(rows, axis=0)
+    return np.concatenate([grown, np.asarray(fresh, table.dtype)[len(grown):]], axis=0)
 
 
 def taken_keys(source: InitSource, abstract_params, keys: Optional[Sequence[str]]) -> list:
@@ -65,10 +222,19 @@ def _layout(abstract_params) -> tuple[bool, int]:
     return False, sum(1 for k in encoder if k.startswith("layer_"))
 
 
-def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[str]]) -> None:
-    """Every tensor of the trees taken exists in `source` with the model's shape; else a
-    UserError naming the key and both shapes. Cheap (shapes only): call it before
-    compiling anything."""
+def _grows(key: str, old: tuple, new: tuple, resize: Optional[Resize]) -> bool:
+    """`resize` takes tensor `key` from shape `old` to `new`: more rows, nothing else."""
+    if resize is None or len(old) != len(new) or old[1:] != new[1:] or not old[0] < new[0]:
+        return False
+    return bool((key == POSITIONS and resize.positions)
+                or (key in (WORDS, MLM_BIAS) and resize.vocab))
+
+
+def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[str]],
+                 resize: Optional[Resize] = None) -> dict:
+    """Every tensor of the trees taken exists in `source` with the model's shape, or one
+    `resize` grows; else a UserError naming the key and both shapes. Cheap (shapes only):
+    call it before compiling anything. Returns the tensors to grow: {key: (old, new)}."""
     taken = taken_keys(source, abstract_params, keys)
     got = source.shapes(*_layout(abstract_params))
     want = flat_shapes({k: abstract_params[k] for k in taken})
@@ -77,26 +243,73 @@ def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[st
         raise InitCheckpointError(
             f"train.init_checkpoint={source.path}: tensors missing: {missing[0]} ... "
             f"({len(missing)} in all; the checkpoint has {sorted(got)[:5]} ...)")
+    grown = {}
     for k, shape in sorted(want.items()):
-        if tuple(got[k]) != tuple(shape):
-            c = source.config
-            raise InitCheckpointError(
-                f"train.init_checkpoint={source.path}: {k} has shape {tuple(got[k])} in the "
-                f"checkpoint, the model expects {tuple(shape)} " + (
-                    f"(checkpoint model hidden_size={c.hidden_size}, num_hidden_layers="
-                    f"{c.num_hidden_layers}, intermediate_size={c.intermediate_size})"
-                    if k.startswith("bert/") else "(another number of labels?)"))
+        old, new = tuple(got[k]), tuple(shape)
+        if old == new:
+            continue
+        if _grows(k, old, new, resize):
+            grown[k] = (old, new)
+            continue
+        c = source.config
+        raise InitCheckpointError(
+            f"train.init_checkpoint={source.path}: {k} has shape {old} in the "
+            f"checkpoint, the model expects {new} " + (
+                f"(checkpoint model hidden_size={c.hidden_size}, num_hidden_layers="
+                f"{c.num_hidden_layers}, intermediate_size={c.intermediate_size})"
+                if k.startswith("bert/") else "(another number of labels?)"))
+    return grown
+
+
+def grow(source: InitSource, params: dict, grown: dict, resize: Resize, fresh: dict) -> list:
+    """Grows the tensors `grown` ({key: (old, new)}, from check_shapes) of the host numpy
+    tree `params` in place by `resize`'s rules; `fresh` maps a key to a callable giving the
+    run's own init of that tensor (the rows with no vocabulary entry). Returns one line per
+    tensor for the run's log."""
+    flat = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+    lines, vocab = [], None
+    for key, (old, new) in sorted(grown.items()):
+        if key == POSITIONS:
+            flat[key] = grow_positions(flat[key], new[0], resize.positions)
+            rule = (f"rows {old[0]}..{new[0] - 1} repeat rows 0..{old[0] - 1} "
+                    f"(train.init_extend_positions={resize.positions!r})")
+        else:
+            if vocab is None:
+                old_tok, entries = vocab_extension(source, resize, new[0],
+                                                   f"train.init_checkpoint={source.path}")
+                vocab = (subtoken_ids(entries[old[0]:], old_tok), len(entries))
+            pieces, entries = vocab
+            filler = fresh[key]() if entries < new[0] else np.zeros(new, flat[key].dtype)
+            flat[key] = grow_vocab(flat[key], pieces, filler)
+            rule = (f"rows {old[0]}..{entries - 1} = the mean of the checkpoint's rows of each "
+                    f"new entry's pieces under its vocabulary {source.vocab} "
+                    f"(train.init_extend_vocab={resize.vocab!r})"
+                    + (f"; rows {entries}..{new[0] - 1} (no entry) fresh" if entries < new[0]
+                       else ""))
+        lines.append(f"warm start: resized {key} {old} -> {new}: {rule}")
+    params.clear()
+    params.update(flax.traverse_util.unflatten_dict(flat, sep="/"))
+    return lines
 
 
 def warm_start(source: InitSource, state, rng, abstract, shardings, tx, rng_sharding, *,
-               keys: Optional[Sequence[str]] = None, full: bool = False):
-    """(state, rng) with the trees taken from `source` (shapes checked by check_shapes)
-    and a fresh optimizer state for them; `full`: a workdir's whole state and RNG."""
+               keys: Optional[Sequence[str]] = None, full: bool = False,
+               resize: Optional[Resize] = None):
+    """(state, rng) with the trees taken from `source` (shapes checked by check_shapes,
+    tensors that `resize` takes grown by `grow`) and a fresh optimizer state for them;
+    `full`: a workdir's whole state and RNG."""
     if full and source.kind != "workdir":
         raise InitCheckpointError(f"config.train.init_state='full' needs a training workdir, but "
                         f"{source.path} is a {source.kind.replace('_', ' ')} (params only)")
     taken = taken_keys(source, abstract.params, keys)
-    if source.kind == "workdir":
+    grown = check_shapes(source, abstract.params, keys, resize) if resize else {}
+    if grown and full:
+        raise InitCheckpointError(
+            f"config.train.init_state='full' continues {source.path} as it was saved, but "
+            f"{sorted(grown)} change shape; a resized warm start takes params only "
+            f"(train.init_state='params')")
+    lines = []
+    if source.kind == "workdir" and not grown:
         ckpt = ckpt_lib.Checkpointer(locate(source.path)[0], every=1, read_only=True)
         try:
             if full:
@@ -108,17 +321,34 @@ def warm_start(source: InitSource, state, rng, abstract, shardings, tx, rng_shar
         finally:
             ckpt.close()
     else:
-        params = numpy_params(source, abstract.params)
-        loaded = place_numpy({k: params[k] for k in taken},
+        # A workdir's params as saved (check_shapes saw its layer layout is the run's).
+        params = dict(source.params) if source.kind == "workdir" else numpy_params(
+            source, abstract.params)
+        params = {k: params[k] for k in taken}
+        if grown:
+            fresh = {k: (lambda k=k: _host(state.params, k)) for k in grown}
+            lines = grow(source, params, grown, resize, fresh)
+        loaded = place_numpy(params,
                              {k: abstract.params[k] for k in taken},
                              {k: shardings.params[k] for k in taken})
     if jax.process_index() == 0:
-        fresh = sorted(set(abstract.params) - set(taken))
+        fresh_keys = sorted(set(abstract.params) - set(taken))
         print(f"warm start: {taken} from {source.path}"
-              + (f"; fresh init: {fresh}" if fresh else ""), flush=True)
+              + (f"; fresh init: {fresh_keys}" if fresh_keys else ""), flush=True)
+        for line in lines:
+            print(line, flush=True)
     params = {**state.params, **loaded}
     opt_state = jax.jit(tx.init, out_shardings=shardings.opt_state)(params)
     return state.replace(params=params, opt_state=opt_state), rng
+
+
+def _host(params, key: str) -> np.ndarray:
+    """The whole of tensor `key` ("/"-joined) of a tree of global arrays, on every process
+    (a collective: every process calls it)."""
+    from jax.experimental import multihost_utils
+
+    leaf = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")[key]
+    return np.asarray(multihost_utils.process_allgather(leaf, tiled=True))
 
 
 def place_numpy(tree, abstract, shardings):

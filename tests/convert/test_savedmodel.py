@@ -23,7 +23,7 @@ tf = pytest.importorskip("tensorflow")
 try:
     import tensorflow_text  # noqa: F401
     HAVE_TEXT = True
-except ImportError:  # not a dependency of the suite: its wheel requires the full tensorflow
+except ImportError:  # the README's test command installs it (--no-deps: see constraints.txt)
     HAVE_TEXT = False
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")

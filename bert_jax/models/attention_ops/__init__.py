@@ -28,9 +28,18 @@ attends exactly the tokens of its own sequence (padding, id 0, attends padding).
 path builds the block-diagonal [batch, q, k] mask; Pallas (GPU, CPU) and splash (TPU) take
 the ids as their segment ids; cuDNN through `jax.nn.dot_product_attention` has no segment
 ids, so `auto` takes Pallas for packed rows on a GPU.
+
+Sliding-window layers (`window` > 0: query i attends key j only if |i - j| <= window, on top
+of the padding / packing rule; positions are row indices, so in packed rows the in-sequence
+distance): xla.attention(..., window=w) (its band_mask); the Pallas kernel visits only the
+key blocks that meet each query block's band; splash on TPU takes LocalMask((w, w)). cuDNN
+through jax takes a causal left window only, so `auto` takes Pallas for windowed layers on
+a GPU, and an explicit cudnn refuses them. window=0 is global attention, unchanged.
 """
 
 from __future__ import annotations
+
+import numbers
 
 import jax
 
@@ -46,26 +55,38 @@ class AttentionConfigError(UserError, ValueError):
 
 
 def describe(config, plat: str, deterministic_training: bool = False,
-             packed: bool = False) -> str:
+             packed: bool = False, window: int = 0) -> str:
     """One line for logs and summaries: the attention path of the training steps and of the
-    evaluation steps, and the remat policy. Raises AttentionConfigError as resolve does."""
-    train = resolve(config.attention, plat, config, training=not deterministic_training,
-                    packed=packed)
-    evaluate = resolve(config.attention, plat, config, training=False, packed=packed)
-    return (f"attention {train} (train), {evaluate} (eval) [model.attention="
-            f"{config.attention}]; remat {config.remat}")
+    evaluation steps, and the remat policy. window > 0: the model also has sliding-window
+    layers of that half width, whose paths are named too. Raises AttentionConfigError as
+    resolve does."""
+    def paths(w):
+        train = resolve(config.attention, plat, config, training=not deterministic_training,
+                        packed=packed, window=w)
+        evaluate = resolve(config.attention, plat, config, training=False, packed=packed,
+                           window=w)
+        return f"{train} (train), {evaluate} (eval)"
+
+    local = f"; window {window} layers {paths(window)}" if window else ""
+    return (f"attention {paths(0)}{local} [model.attention={config.attention}]; "
+            f"remat {config.remat}")
 
 
-def resolve(impl: str, plat: str, config, training: bool, packed: bool = False) -> str:
+def resolve(impl: str, plat: str, config, training: bool, packed: bool = False,
+            window: int = 0) -> str:
     """The path one attention call takes. `training`: dropout is applied in this call;
-    `packed`: the mask is sequence ids of packed rows. Raises AttentionConfigError for an
-    explicit choice that cannot run it."""
+    `packed`: the mask is sequence ids of packed rows; `window`: the half width of a
+    sliding-window layer (0 = global). Raises AttentionConfigError for an explicit choice
+    that cannot run it."""
     if impl not in IMPLS:
         raise AttentionConfigError(f"model.attention={impl!r}; expected one of {IMPLS}")
+    if not isinstance(window, numbers.Integral) or isinstance(window, bool) or window < 0:
+        raise AttentionConfigError(
+            f"attention window must be an integer >= 0 (0 = global), got {window!r}")
     dropout = training and config.attention_probs_dropout_prob > 0
     half = config.dtype in ("bfloat16", "float16")
     if impl == "auto":
-        if plat == "gpu" and not dropout and half and not packed:
+        if plat == "gpu" and not dropout and half and not packed and not window:
             return "cudnn"
         if plat == "gpu" and (not dropout or config.dropout_rng == "hash"):
             return "pallas"
@@ -83,6 +104,10 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False) 
             raise AttentionConfigError(
                 "model.attention=cudnn cannot keep packed sequences apart (no segment ids); "
                 "use auto or pallas for packed data")
+        if window:
+            raise AttentionConfigError(
+                f"model.attention=cudnn cannot run a sliding-window layer (window {window}): "
+                "jax's cuDNN attention takes only a causal left window; use auto or pallas")
         if dropout:
             raise AttentionConfigError(
                 "model.attention=cudnn has no attention-probability dropout; set "
@@ -108,12 +133,14 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False) 
 
 
 def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None,
-          pallas_options=None):
+          pallas_options=None, window: int = 0):
     """A fused path ("cudnn" or "pallas") on q, k, v: <dtype>[batch, length, heads, kv]
     (q unscaled) with kv_mask: <bool>[batch, length] (True = real token), or for packed
     rows <int32>[batch, length] sequence ids (pallas only). dropout_key: the attention
     dropout's flax key, None for no dropout. pallas_options: block sizes, warps and stages
     of the GPU/CPU Pallas kernel (BertConfig.pallas_options; splash on TPU ignores them).
+    window: 0 = global; > 0 = a sliding-window layer, query i attends key j only if
+    |i - j| <= window as well (Pallas and splash; cudnn raises AttentionConfigError).
     Returns [batch, length, heads, kv].
 
     A custom kernel is opaque to XLA's sharding propagation (it would gather the whole
@@ -132,12 +159,16 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         dropout_rate = 0.0
 
     packed = jax.numpy.issubdtype(kv_mask.dtype, jax.numpy.integer)
+    if impl == "cudnn" and window:
+        raise AttentionConfigError(
+            f"model.attention=cudnn cannot run a sliding-window layer (window {window}); "
+            "use auto or pallas")
 
     def local(q, k, v, kv_mask, seeds, batch_axes, head_axes):
         if impl == "cudnn":
             return cudnn.attention(q, k, v, kv_mask)
         if platform() == "tpu":
-            return splash_tpu.attention(q, k, v, kv_mask)
+            return splash_tpu.attention(q, k, v, kv_mask, window=window)
         batch_offset = head_offset = 0
         if batch_axes:
             batch_offset = jax.lax.axis_index(batch_axes) * q.shape[0]
@@ -150,7 +181,7 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         return pallas_flash.flash_attention(
             q, k, v, q_seg, kv_seg, dropout_rate=dropout_rate,
             seeds=seeds, batch_offset=batch_offset, head_offset=head_offset,
-            total_heads=heads, **(pallas_options or {}))
+            total_heads=heads, window=window, **(pallas_options or {}))
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:

@@ -1,4 +1,9 @@
-"""cuDNN's fused flash attention (GPU, bfloat16 / float16), without dropout."""
+"""cuDNN's fused flash attention (GPU, bfloat16 / float16), without dropout.
+
+Global attention only: `jax.nn.dot_product_attention` describes a two-sided
+`local_window_size` (its XLA implementation applies |i - j| <= window for (window, window)),
+but its cuDNN implementation takes only a left (causal) window and raises for a right one,
+so a sliding-window layer cannot run here (attention_ops.resolve refuses it)."""
 
 from __future__ import annotations
 

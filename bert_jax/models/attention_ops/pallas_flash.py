@@ -18,6 +18,11 @@ position) in the forward and in both backward kernels; nothing mask-sized is sto
 With dropout, O = (P * Z) V with Z = keep * scale, so dV = (P * Z)^T dO, dP = (dO V^T) * Z and
 dS = P * (dP - D_i), where D_i = sum_j P_ij dP_ij = dO_i . O_i still holds.
 
+Sliding window (window > 0): query i attends key j only if |i - j| <= window as well. Each
+query block walks only the key blocks that meet its band, and each key block of the dK/dV
+kernel only the query blocks that do (kv_block_range, q_block_range); inside a visited block
+keys outside the band are -inf. The dropout mask is indexed by global position as above.
+
 Lowered through Triton on GPU; on CPU it runs in Pallas' interpret mode (tests only: slow).
 Tests: tests/models/test_pallas_flash.py (against xla.attention + Dropout(impl="hash")).
 """
@@ -68,12 +73,13 @@ class _Cfg(NamedTuple):
     num_warps: int
     num_stages: int
     interpret: bool
+    window: int = 0       # sliding-window half width; 0 = global
 
 
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: float = 0.0,
                     seeds=None, batch_offset=0, head_offset=0, total_heads=None,
                     block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None,
-                    num_warps=None, num_stages=None, interpret=None):
+                    num_warps=None, num_stages=None, interpret=None, window: int = 0):
     """Softmax attention of q over k, v with in-kernel dropout on the probabilities.
 
     q: <dtype>[batch, q_len, heads, head_dim] (unscaled: the kernel divides by
@@ -92,6 +98,12 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     ignored in interpret mode). None of these change the result beyond summation order.
     interpret: None = interpret mode iff the current trace compiles for CPU
     (attention_ops.platform()).
+    window: 0 = global attention; > 0 (self-attention: q_len == kv_len) = a sliding window,
+    query i may attend key j only if |i - j| <= window, on top of the segment rule. Each
+    query block walks only the key blocks that meet its band (and each key block of the
+    dK/dV kernel only the query blocks that do), so the work grows with the window, not
+    with the length. As in xla.attention(window=...), a query with no allowed key in its
+    band is the uniform average of the values in its band (the global rule over the band).
     Returns <dtype>[batch, q_len, heads, head_dim]; differentiable in q, k, v.
     """
     batch, q_len, heads, head_dim = q.shape
@@ -106,11 +118,18 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     if q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len):
         raise ValueError(f"segment ids {q_segment_ids.shape}, {kv_segment_ids.shape}; "
                          f"expected {(batch, q_len)}, {(batch, kv_len)}")
+    if not _is_int(window) or window < 0:
+        raise ValueError(f"window must be an integer >= 0 (0 = global), got {window!r}")
+    if window and q_len != kv_len:
+        raise ValueError(f"a sliding window is for self-attention: q_len {q_len} != kv_len "
+                         f"{kv_len}")
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     threshold = drop_threshold(dropout_rate) if dropout_rate > 0 else 0
     if threshold and seeds is None:
         raise ValueError("dropout_rate > 0 needs seeds: jax.random.bits(key, (2,), uint32)")
+    if window >= kv_len - 1:  # every key is within the band of every query: global
+        window = 0
     if interpret is None:
         plat = platform()
         if plat not in ("cpu", "gpu"):
@@ -118,15 +137,11 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
                              f"interpret mode), not {plat}")
         interpret = plat == "cpu"
 
-    fwd_blocks = (_block("block_q", block_q, 128, q_len),
-                  _block("block_k", block_k, 64, kv_len))
-    bwd_blocks = (_block("bwd_block_q", bwd_block_q or block_q, 64, q_len),
-                  _block("bwd_block_k", bwd_block_k or block_k, 64, kv_len))
+    fwd_blocks, bwd_blocks, q_pad, kv_pad = _schedule(q_len, kv_len, block_q, block_k,
+                                                      bwd_block_q, bwd_block_k)
     num_warps = _tuning("num_warps", num_warps, 4, lambda n: n <= 32 and _pow2(n),
                         "a power of two <= 32")
     num_stages = _tuning("num_stages", num_stages, 2, lambda n: True, "an integer >= 1")
-    q_pad = _round_up(q_len, max(fwd_blocks[0], bwd_blocks[0]))
-    kv_pad = _round_up(kv_len, max(fwd_blocks[1], bwd_blocks[1]))
     d_pad = max(16, pl.next_power_of_2(head_dim))  # Triton: power-of-two tiles, dots >= 16
     as_dtype = lambda x: float(np.asarray(x, q.dtype))  # noqa: E731 - round to compute dtype
     cfg = _Cfg(q_len=q_len, kv_len=kv_len, kv_padded=kv_pad != kv_len,
@@ -135,7 +150,7 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
                keep_scale=as_dtype(1.0 / (1.0 - threshold / 2.0**32)) if threshold else 1.0,
                total_heads=int(total_heads or heads), fwd_blocks=fwd_blocks,
                bwd_blocks=bwd_blocks, num_warps=num_warps, num_stages=num_stages,
-               interpret=bool(interpret))
+               interpret=bool(interpret), window=int(window))
 
     if threshold:
         seeds = jnp.asarray(seeds)
@@ -158,6 +173,44 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     o = _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), pad2(q_segment_ids, q_pad),
                pad2(kv_segment_ids, kv_pad), params, cfg)
     return o[:, :q_len, :, :head_dim]
+
+
+def _schedule(q_len, kv_len, block_q, block_k, bwd_block_q, bwd_block_k):
+    """(fwd_blocks, bwd_blocks, q_pad, kv_pad): the (block_q, block_k) of the forward and
+    of the backward kernels and the lengths padded to a multiple of both."""
+    fwd_blocks = (_block("block_q", block_q, 128, q_len),
+                  _block("block_k", block_k, 64, kv_len))
+    bwd_blocks = (_block("bwd_block_q", bwd_block_q or block_q, 64, q_len),
+                  _block("bwd_block_k", bwd_block_k or block_k, 64, kv_len))
+    q_pad = _round_up(q_len, max(fwd_blocks[0], bwd_blocks[0]))
+    kv_pad = _round_up(kv_len, max(fwd_blocks[1], bwd_blocks[1]))
+    return fwd_blocks, bwd_blocks, q_pad, kv_pad
+
+
+def visited_blocks(length: int, window: int = 0, *, block_q=None, block_k=None,
+                   bwd_block_q=None, bwd_block_k=None) -> dict:
+    """What the three kernels of a self-attention call over `length` tokens visit, per
+    (example, head): {"fwd", "dq", "dkdv"}: (block_q, block_k, visited block pairs,
+    block pairs in the grid)}. For estimates of the work a window saves (benchmarks)."""
+    fwd, bwd, q_pad, kv_pad = _schedule(length, length, block_q, block_k, bwd_block_q,
+                                        bwd_block_k)
+    cfg = _Cfg(q_len=length, kv_len=length, kv_padded=False, q_scale=1.0, threshold=0,
+               keep_scale=1.0, total_heads=1, fwd_blocks=fwd, bwd_blocks=bwd, num_warps=4,
+               num_stages=2, interpret=True, window=0 if window >= length - 1 else window)
+
+    def count(outer, inner, n_outer, n_inner, bounds):
+        ranges = (bounds(i * outer, outer, inner, n_inner, cfg) for i in range(n_outer))
+        return sum(int(hi) - int(lo) for lo, hi in ranges)
+
+    grid = lambda bq, bk: (q_pad // bq) * (kv_pad // bk)  # noqa: E731
+    return {
+        "fwd": (*fwd, count(fwd[0], fwd[1], q_pad // fwd[0], kv_pad // fwd[1], kv_block_range),
+                grid(*fwd)),
+        "dq": (*bwd, count(bwd[0], bwd[1], q_pad // bwd[0], kv_pad // bwd[1], kv_block_range),
+               grid(*bwd)),
+        "dkdv": (*bwd, count(bwd[1], bwd[0], kv_pad // bwd[1], q_pad // bwd[0], q_block_range),
+                 grid(*bwd)),
+    }
 
 
 def _pow2(n) -> bool:
@@ -202,16 +255,69 @@ def _scaled_q(q, cfg):
     return q * (1.0 / c) if math.log2(c).is_integer() else q / c
 
 
-def _scores(q, k, q_seg, k_seg, k_start, cfg):
+def _scores(q, k, q_seg, k_seg, q_start, k_start, cfg):
     """<f32>[bq, bk] scores q k^T (float32 accumulation) with disallowed keys at _MASKED and
-    padded keys (index >= kv_len) at -inf, and the <bool>[bq, bk] segment mask."""
+    padded keys (index >= kv_len) and keys outside the window at -inf, and the
+    <bool>[bq, bk] segment mask."""
     s = _dot(q, k, trans_b=True)
     allowed = q_seg[:, None] == k_seg[None, :]
     s = jnp.where(allowed, s, _MASKED)
     if cfg.kv_padded:
         col = k_start + lax.broadcasted_iota(jnp.int32, (1, s.shape[1]), 1)
         s = jnp.where(col < cfg.kv_len, s, -jnp.inf)
+    if cfg.window:
+        s = jnp.where(_in_band(q_start, s.shape[0], k_start, s.shape[1], cfg), s, -jnp.inf)
     return s, allowed
+
+
+# Sliding window. A query row i has the band |r - j| <= window with r = min(i, q_len - 1):
+# the rows added to fill the last query block borrow the last real row's band, so that every
+# row, added ones included, has a real key in its band (its own position) and stays finite.
+# Keys outside the band are -inf, not _MASKED: a row with no allowed key in its band (a
+# padding query far from the real tokens) is then uniform over its band, as in xla.py,
+# whatever the blocks visited.
+
+
+def _band_rows(q_start, n, cfg):
+    """<int32>[n, 1]: the band centres r of the rows q_start .. q_start + n - 1."""
+    return jnp.minimum(q_start + lax.broadcasted_iota(jnp.int32, (n, 1), 0), cfg.q_len - 1)
+
+
+def _in_band(q_start, bq, k_start, bk, cfg):
+    """<bool>[bq, bk]: key k_start + c lies in the band of row q_start + r."""
+    cols = k_start + lax.broadcasted_iota(jnp.int32, (1, bk), 1)
+    rows = _band_rows(q_start, bq, cfg)
+    return (cols >= rows - cfg.window) & (cols <= rows + cfg.window)
+
+
+def kv_block_range(q_start, bq, bk, n_blocks, cfg):
+    """(first, end): the key blocks (of bk keys, n_blocks in all) that the query block of
+    rows q_start .. q_start + bq - 1 visits: all of them for global attention, else those
+    that meet [first row - window, last row + window] (band centres, real keys only). Works
+    on Python ints and traced int32 scalars alike."""
+    if not cfg.window:
+        return 0, n_blocks
+    first = jnp.minimum(q_start, cfg.q_len - 1)
+    last = jnp.minimum(q_start + bq - 1, cfg.q_len - 1)
+    # Non-negative operands: lax.div (truncating) is the floor division, and lowers in
+    # every Pallas backend.
+    lo = lax.div(jnp.maximum(first - cfg.window, 0), bk)
+    hi = lax.div(jnp.minimum(last + cfg.window, cfg.kv_len - 1), bk) + 1
+    return lo, hi
+
+
+def q_block_range(k_start, bk, bq, n_blocks, cfg):
+    """(first, end): the query blocks (of bq rows, n_blocks in all) that the dK/dV kernel's
+    key block k_start .. k_start + bk - 1 visits: all for global attention, else those
+    holding a real row whose band meets the key block. Rows added to fill the last query
+    block are skipped where they are alone in a block: their output cotangent is zero, so
+    they add exactly nothing to dK and dV."""
+    if not cfg.window:
+        return 0, n_blocks
+    lo_row = jnp.maximum(k_start - cfg.window, 0)
+    hi_row = jnp.minimum(k_start + bk - 1 + cfg.window, cfg.q_len - 1)
+    lo = lax.div(lo_row, bq)
+    return lo, jnp.where(lo_row <= hi_row, lax.div(hi_row, bq) + 1, lo)
 
 
 def _row_hashes(params_ref, b, h, q_start, bq, cfg):
@@ -229,12 +335,18 @@ def _keep(row_hash, k_start, bk, cfg):
     return _fmix32(row_hash[:, None] + cols[None, :]) >= np.uint32(cfg.threshold)
 
 
-def _probs(s, lse, cfg):
+def _probs(s, lse, q_start, cfg):
     """<f32>[bq, bk] probabilities from the forward's log-sum-exp. A row with no allowed key
-    has lse = _MASKED + log(kv_len) == _MASKED in float32 (log(n) is far below half an ulp),
-    so exp(s - lse) = 1 there: it is rescaled to the reference's 1/kv_len (exact). No real
-    row has lse == _MASKED (its lse is >= its largest allowed score > _MASKED)."""
-    inv = jnp.where(lse == _MASKED, float(np.float32(1) / np.float32(cfg.kv_len)), 1.0)
+    has lse = _MASKED + log(n) == _MASKED in float32 (log(n) is far below half an ulp), so
+    exp(s - lse) = 1 on its n keys (all kv_len keys, or those of its band): it is rescaled
+    to the reference's 1/n. No real row has lse == _MASKED (its lse is >= its largest
+    allowed score > _MASKED)."""
+    if cfg.window:
+        r = _band_rows(q_start, s.shape[0], cfg)[:, 0]
+        n = (jnp.minimum(r + cfg.window, cfg.kv_len - 1) - jnp.maximum(r - cfg.window, 0) + 1)
+        inv = jnp.where(lse == _MASKED, 1.0 / n.astype(jnp.float32), 1.0)
+    else:
+        inv = jnp.where(lse == _MASKED, float(np.float32(1) / np.float32(cfg.kv_len)), 1.0)
     return jnp.exp(s - lse[:, None]) * inv[:, None]
 
 
@@ -262,13 +374,16 @@ def _fwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_
         acc, m, l = carry
         ks = pl.ds(j * bk, bk)
         v = v_ref[ks, :]
-        s, _ = _scores(q, k_ref[ks, :], q_seg, kseg_ref[ks], j * bk, cfg)
-        # Online softmax in float32 (m: running max, l: running sum of exp(s - m)). The first
-        # key block always holds key 0 (a real key, score >= _MASKED), so m is finite from
-        # then on and exp(-inf - m) = 0 rescales the empty initial state.
+        s, _ = _scores(q, k_ref[ks, :], q_seg, kseg_ref[ks], qi * bq, j * bk, cfg)
+        # Online softmax in float32 (m: running max, l: running sum of exp(s - m)). Globally
+        # the first key block holds key 0 (a real key, score >= _MASKED), so m is finite from
+        # then on and exp(-inf - m) = 0 rescales the empty initial state. With a window a
+        # row's band may start in a later block than the first one visited: until then its
+        # m stays -inf and is taken as 0, so that exp(-inf - 0) = 0 instead of NaN.
         m_new = jnp.maximum(m, jnp.max(s, axis=1))
-        alpha = jnp.exp(m - m_new)
-        p = jnp.exp(s - m_new[:, None])
+        m_use = jnp.where(m_new == -jnp.inf, 0.0, m_new) if cfg.window else m_new
+        alpha = jnp.exp(m - m_use)
+        p = jnp.exp(s - m_use[:, None])
         l = alpha * l + jnp.sum(p, axis=1)
         # Probabilities go to the compute dtype before dropout and the P.V product, as in the
         # reference; 1/l and the dropout scale are applied to the float32 accumulator at the
@@ -281,7 +396,8 @@ def _fwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_
 
     init = (jnp.zeros(o_ref.shape, jnp.float32), jnp.full((bq,), -jnp.inf, jnp.float32),
             jnp.zeros((bq,), jnp.float32))
-    acc, m, l = lax.fori_loop(0, k_ref.shape[0] // bk, body, init)
+    lo, hi = kv_block_range(qi * bq, bq, bk, k_ref.shape[0] // bk, cfg)
+    acc, m, l = lax.fori_loop(lo, hi, body, init)
     o_ref[...] = (acc * (cfg.keep_scale / l)[:, None]).astype(o_ref.dtype)
     lse_ref[...] = m + jnp.log(l)
 
@@ -322,8 +438,8 @@ def _dkdv_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, ls
         dk, dv = carry
         qs = pl.ds(i * bq, bq)
         q, do = _scaled_q(q_ref[qs, :], cfg), do_ref[qs, :]
-        s, allowed = _scores(q, k, qseg_ref[qs], k_seg, kj * bk, cfg)
-        p = _probs(s, lse_ref[qs], cfg)
+        s, allowed = _scores(q, k, qseg_ref[qs], k_seg, i * bq, kj * bk, cfg)
+        p = _probs(s, lse_ref[qs], i * bq, cfg)
         pv = p.astype(v.dtype)
         dp = _dot(do, v, trans_b=True)  # d(P * Z), float32
         if cfg.threshold:
@@ -338,7 +454,8 @@ def _dkdv_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, ls
         return dk, dv
 
     zeros = jnp.zeros(dk_ref.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body, (zeros, zeros))
+    lo, hi = q_block_range(kj * bk, bk, bq, q_ref.shape[0] // bq, cfg)
+    dk, dv = lax.fori_loop(lo, hi, body, (zeros, zeros))
     dk_ref[...] = dk.astype(dk_ref.dtype)  # q was scaled already: dK = dS^T (q / sqrt(d))
     dv_ref[...] = (dv * cfg.keep_scale).astype(dv_ref.dtype)
 
@@ -356,8 +473,8 @@ def _dq_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_
     def body(j, dq):
         ks = pl.ds(j * bk, bk)
         k = k_ref[ks, :]
-        s, allowed = _scores(q, k, q_seg, kseg_ref[ks], j * bk, cfg)
-        p = _probs(s, lse, cfg)
+        s, allowed = _scores(q, k, q_seg, kseg_ref[ks], qi * bq, j * bk, cfg)
+        p = _probs(s, lse, qi * bq, cfg)
         dp = _dot(do, v_ref[ks, :], trans_b=True)
         if cfg.threshold:
             keep = _keep(row_hash, j * bk, bk, cfg)
@@ -365,7 +482,8 @@ def _dq_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_
         ds = jnp.where(allowed, p * (dp - delta[:, None]), 0.0)
         return dq + _dot(ds.astype(k.dtype), k)
 
-    dq = lax.fori_loop(0, k_ref.shape[0] // bk, body, jnp.zeros(dq_ref.shape, jnp.float32))
+    lo, hi = kv_block_range(qi * bq, bq, bk, k_ref.shape[0] // bk, cfg)
+    dq = lax.fori_loop(lo, hi, body, jnp.zeros(dq_ref.shape, jnp.float32))
     dq_ref[...] = (dq / cfg.q_scale).astype(dq_ref.dtype)  # chain rule through q / sqrt(d)
 
 

@@ -23,7 +23,7 @@ from bert_jax.tasks.pretraining.loss import pretraining_loss
 from bert_jax.train import loop
 from bert_jax.train.state import dummy_inputs
 from bert_jax.train.task import Shape
-from bert_jax.train.warm_start import check_architecture
+from bert_jax.train.warm_start import Resize, check_warm_start
 
 # Packed rows' extra model inputs: batch features of BertForPreTraining's argument names.
 PACKED_INPUTS = ("sequence_ids", "position_ids", "next_sentence_positions")
@@ -82,14 +82,18 @@ class PretrainingTask:
         self.make_train_data = make_train_data or data_lib.make_train_data
         self.make_eval_data = make_eval_data or data_lib.make_eval_data
         self.init_source = None
+        # Shape changes a warm start may make (a longer position table, a larger vocabulary).
+        self.init_resize = Resize.from_config(config.train, data_lib.vocab_file(config),
+                                              bool(config.data.get("do_lower_case", True)))
         # A warm start's source is opened and its architecture checked now, from its config
         # alone: a mismatch costs no data, no init and no tensor read. A run that resumes
         # has its own checkpoints instead.
         if config.train.init_checkpoint and not saved_steps(workdir):
             self.init_source = open_source(config.train.init_checkpoint,
                                            "config.train.init_checkpoint")
-            check_architecture(self.init_source.config, self.model_config,
-                               f"config.train.init_checkpoint={self.init_source.path}")
+            check_warm_start(self.init_source, self.model_config,
+                             f"config.train.init_checkpoint={self.init_source.path}",
+                             self.init_resize)
 
     # --- the step side (jnp) ------------------------------------------------------------
 

@@ -40,6 +40,17 @@ SAMPLE_DUPE_FACTOR = 5
 SAMPLE_SHARDS = 4
 
 
+def builds_text_data(config) -> bool:
+    """The run makes its TFRecords itself (from data.text_files or the sample corpus)."""
+    return config.data.source == "tfrecord" and not config.data.train_files
+
+
+def vocab_file(config) -> str:
+    """The run's vocabulary file: data.vocab_file, or the sample vocabulary for TFRecords the
+    run builds itself; "" when the data name none (ids checked against data.vocab_size)."""
+    return config.data.vocab_file or (SAMPLE_VOCAB if builds_text_data(config) else "")
+
+
 def make_train_data(config, workdir: str):
     text_files = config.data.get("text_files", "")
     if text_files and (config.data.source != "tfrecord" or config.data.train_files):
@@ -47,11 +58,11 @@ def make_train_data(config, workdir: str):
                  else f"data.train_files={config.data.train_files!r}")
         raise ValueError(f"config.data.text_files={text_files!r} is set together with {other}: "
                          f"give raw text (text_files) or TFRecords (train_files), not both")
-    build = config.data.source == "tfrecord" and not config.data.train_files
+    build = builds_text_data(config)
     if build:
         # Recorded in the checkpoints' config, so that the run carries its vocabulary
         # (`python -m bert_jax.convert from-workdir` copies it into the model directory).
-        config.data.vocab_file = config.data.vocab_file or SAMPLE_VOCAB
+        config.data.vocab_file = vocab_file(config)
     # Before any TFRecords are built: the vocabulary exists, has its special tokens and
     # fits the model.
     data_vocab = vocab_info(config.data)["vocab_size"]
