@@ -25,7 +25,8 @@ class BertSelfAttention(nn.Module):
     Rotary positions (`position_embedding="rotary"`) rotate Q and K before the attention
     path, with the layer's base (`rope_theta`, or `local_rope_theta` in a local layer). A
     local layer (`BertConfig.layer_window`) attends keys within `local_attention // 2` of
-    the query: a band in the XLA path's mask, `window=` for the fused paths."""
+    the query: a band in the XLA path's mask; `window=` to `attention_ops.resolve` and
+    `attention_ops.fused` for the other paths (global layers call them without it)."""
 
     config: BertConfig
     deterministic: bool = True
@@ -61,33 +62,51 @@ class BertSelfAttention(nn.Module):
 
         drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
-        # Init only needs shapes, and is traced without the step's mesh (so without the
-        # platform it compiles for): every path has the same parameters.
         packed = jnp.issubdtype(mask.dtype, jnp.integer)
-        impl = "xla" if self.is_initializing() else attention_ops.resolve(
-            c.attention, attention_ops.platform(), c, training, packed=packed)
         window = c.local_attention // 2 if c.local_attention and local is not False else 0
-        if impl == "xla":
-            # [batch, 1, k] key mask, or [batch, q, k] block-diagonal for packed rows.
-            kv_mask = mask[:, :, None] == mask[:, None, :] if packed else mask[:, None, :]
-            if window:
-                kv_mask = kv_mask & band_mask(x.shape[1], window, local)
-            ctx = xla_attention.attention(
-                q, k, v, kv_mask, dropout=lambda p: drop(p, deterministic=self.deterministic))
-        else:
-            dropout_key = drop.make_key() if training else None
+        dropout_key = None
 
-            def run(**window_kw):
-                return attention_ops.fused(
-                    impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
-                    dropout_key=dropout_key, pallas_options=c.pallas_options, **window_kw)
+        def impl_for(w):
+            # Init only needs shapes, and is traced without the step's mesh (so without the
+            # platform it compiles for): every path has the same parameters.
+            if self.is_initializing():
+                return "xla"
+            kw = {"window": w} if w else {}
+            return attention_ops.resolve(c.attention, attention_ops.platform(), c, training,
+                                         packed=packed, **kw)
 
-            if not window:
-                ctx = run()
-            elif local is True:
-                ctx = run(window=window)
-            else:  # a traced flag (nn.scan): the kernel's window is static, so both branches
-                ctx = jax.lax.cond(local, lambda: run(window=window), lambda: run())
+        def attend(impl, w, band_on=True):
+            if impl == "xla":
+                # [batch, 1, k] key mask, or [batch, q, k] block-diagonal for packed rows.
+                kv_mask = mask[:, :, None] == mask[:, None, :] if packed else mask[:, None, :]
+                if w:
+                    kv_mask = kv_mask & band_mask(x.shape[1], w, band_on)
+                return xla_attention.attention(
+                    q, k, v, kv_mask, dropout=lambda p: drop(p, deterministic=self.deterministic))
+            kw = {"window": w} if w else {}  # global layers call it exactly as before
+            return attention_ops.fused(
+                impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
+                dropout_key=dropout_key, pallas_options=c.pallas_options, **kw)
+
+        if not window or local is True:
+            impl = impl_for(window)
+            if impl != "xla" and training:
+                dropout_key = drop.make_key()
+            ctx = attend(impl, window)
+        else:  # a traced flag (nn.scan): one body for local and global layers
+            local_impl, global_impl = impl_for(window), impl_for(0)
+            if local_impl == global_impl == "xla":  # the band lifted on global layers
+                ctx = attend("xla", window, local)
+            elif "xla" in (local_impl, global_impl):
+                raise attention_ops.AttentionConfigError(
+                    f"scan_layers with local layers on {local_impl} and global ones on "
+                    f"{global_impl}: set model.attention to one path for both, or "
+                    f"scan_layers=False")
+            else:  # the kernel's window is static: a branch for each kind of layer
+                if training:
+                    dropout_key = drop.make_key()
+                ctx = jax.lax.cond(local, lambda: attend(local_impl, window),
+                                   lambda: attend(global_impl, 0))
         ctx = checkpoint_name(ctx, "context")
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
 
