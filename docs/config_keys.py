@@ -118,7 +118,8 @@ DESCRIPTIONS = {
     "model.attention_probs_dropout_prob": "Dropout on the attention probabilities.",
     "model.max_position_embeddings": "Position embedding rows: the longest sequence the "
                                      "model takes.",
-    "model.type_vocab_size": "Segment (token type) embedding rows.",
+    "model.type_vocab_size": "Segment (token type) embedding rows; 0: none (token types "
+                             "ignored).",
     "model.initializer_range": "Standard deviation of the truncated-normal weight init.",
     "model.layer_norm_eps": "LayerNorm epsilon.",
     "model.pre_ln": "LayerNorm before each sub-layer (and a final one) instead of after.",
@@ -142,6 +143,23 @@ DESCRIPTIONS = {
     "model.pallas_num_warps": "Pallas GPU kernel: Triton warps per program, a power of two <= "
                               "32; 0: 4.",
     "model.pallas_num_stages": "Pallas GPU kernel: Triton pipelining stages, >= 1; 0: 2.",
+    "model.position_embedding": "`learned` (a position table, BERT) or `rotary` (queries and "
+                                "keys rotated by position, no table).",
+    "model.rope_theta": "Rotary base of the global layers.",
+    "model.local_rope_theta": "Rotary base of the local (sliding-window) layers.",
+    "model.ffn_type": "`dense` (BERT's FFN) or a gated FFN: `geglu` (hidden_act a GELU) or "
+                      "`swiglu` (hidden_act silu).",
+    "model.use_bias": "Biases of the dense layers (attention, FFN, pooler, MLM transform); "
+                      "False: none.",
+    "model.norm_bias": "LayerNorm biases; False: scale only.",
+    "model.layer0_attention_norm": "Pre-LN: False leaves out layer 0's attention LayerNorm "
+                                   "(ModernBERT).",
+    "model.pooler": "The tanh pooler on [CLS]; False: the pooled output is the [CLS] hidden "
+                    "state.",
+    "model.global_attn_every_n_layers": "N > 1: layer i is global when i % N == 0, else "
+                                        "local; 0 or 1: every layer global.",
+    "model.local_attention": "Window of the local layers: keys within `local_attention // 2` "
+                             "of the query; 0: no local layers.",
     "model.nsp": "Pre-training: train the next-sentence head too; False: masked LM only.",
 
     # --- data: bert_jax/data/pretrain.py data_config -------------------------------------

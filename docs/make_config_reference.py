@@ -43,7 +43,9 @@ def _descriptions() -> dict[str, str]:
 # Every config and argument the reference covers (tests/test_config_reference.py checks that
 # every configs/*.py file, GLUE task and multiple-choice format is here).
 PRETRAINING = ["bert_base.py", "bert_base.py:phase2", "bert_large.py", "bert_large.py:phase2",
-               "bert_tiny.py"]
+               "bert_tiny.py", "modernbert_base.py", "modernbert_base.py:long",
+               "modernbert_base.py:tiny", "modernbert_large.py", "modernbert_large.py:long",
+               "modernbert_large.py:tiny"]
 FINETUNING = ([f"glue.py:{t}" for t in GLUE_TASKS] + ["squad.py:1.1", "squad.py:2.0", "ner.py"]
               + [f"swag.py:{f}" for f in CHOICE_FORMATS])
 SPECS = PRETRAINING + FINETUNING

@@ -15,7 +15,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 
 from bert_jax import paths
-from bert_jax.convert import hf, model_dir, tensors
+from bert_jax.convert import hf, hf_modernbert, model_dir, tensors
 from bert_jax.convert.tensors import ConversionError
 from bert_jax.models.config import BertConfig
 
@@ -35,10 +35,32 @@ def _hf_name(name: str) -> str:
 
 
 def _transforms(config: BertConfig):
+    if hf_modernbert.is_modernbert(config):
+        m = hf_modernbert
+        to_ours = {k: functools.partial(lambda x, k: m.to_ours(x, k, config), k=k)
+                   for k in m.KINDS}
+        # The whole (fused) tensor's shape, for the importer's checks.
+        to_hf = {k: functools.partial(lambda x, k: m.to_hf_shape(x, k, config), k=k)
+                 for k in m.KINDS}
+        return to_ours, to_hf
     kinds = ("copy", "linear", "qkv", "qkv_bias", "attn_out")
     to_ours = {k: functools.partial(lambda x, k: hf._to_ours(x, k, config), k=k) for k in kinds}
     to_hf = {k: functools.partial(lambda x, k: hf._to_hf(x, k, config), k=k) for k in kinds}
     return to_ours, to_hf
+
+
+def _layouts(config: BertConfig, names) -> tuple[list, list, Callable[[str], bool]]:
+    """(encoder rows with paths from the root, head rows, is_derived) of the HF format of
+    `config` (BERT or ModernBERT), the encoder's prefix found from `names`."""
+    if hf_modernbert.is_modernbert(config):
+        m = hf_modernbert
+        prefix = "model." if any(k.startswith("model.") for k in names) else ""
+        encoder = [(n, ("bert",) + p, k) for n, p, k in m.layout(config, prefix)]
+        return encoder, m.head_layout(config), lambda n: any(n.endswith(d) for d in m.DERIVED)
+    prefix = "bert." if any(k.startswith("bert.") for k in names) else ""
+    # hf's encoder paths are relative to "bert"; its head paths start at the root.
+    encoder = [(n, ("bert",) + p, k) for n, p, k in hf._layout(config, prefix)]
+    return encoder, list(hf.HEAD_LAYOUT), lambda n: any(n.endswith(d) for d in hf._DERIVED)
 
 
 def _open_weights(directory: str) -> tuple[dict[str, tuple], Callable[[str], np.ndarray], str]:
@@ -115,7 +137,10 @@ def read_hf_config(directory: str) -> BertConfig:
         raise FileNotFoundError(f"{config_path} not found: --input must be a Hugging Face "
                                 f"model directory (config.json + model.safetensors)")
     with open(config_path, encoding="utf-8") as f:
-        return hf.config_from_hf(json.load(f), source=config_path)
+        d = json.load(f)
+    if isinstance(d, dict) and d.get("model_type") == hf_modernbert.MODEL_TYPE:
+        return hf_modernbert.config_from_hf(d, source=config_path)
+    return hf.config_from_hf(d, source=config_path)
 
 
 def read_hf_dir(directory: str, progress: bool = False):
@@ -124,13 +149,10 @@ def read_hf_dir(directory: str, progress: bool = False):
     shapes, load, source = _open_weights(directory)
     renamed = {_hf_name(k): k for k in shapes}
     available = {k: shapes[v] for k, v in renamed.items()}
-    prefix = "bert." if any(k.startswith("bert.") for k in available) else ""
     to_ours, to_hf = _transforms(config)
-    # hf's encoder paths are relative to "bert"; its head paths start at the root.
-    encoder = [(n, ("bert",) + p, k) for n, p, k in hf._layout(config, prefix)]
-    rows, report = tensors.plan_import(
-        encoder, hf.HEAD_LAYOUT, available, to_hf, config, source,
-        is_skipped=lambda n: any(n.endswith(d) for d in hf._DERIVED))
+    encoder, heads, derived = _layouts(config, available)
+    rows, report = tensors.plan_import(encoder, heads, available, to_hf, config, source,
+                                       is_skipped=derived)
     params = tensors.read_params(rows, lambda n: load(renamed[n]), to_ours, config, report,
                                  progress)
     return params, config, report, hf_vocab(directory)
@@ -149,22 +171,33 @@ ARCHITECTURES = {"glue": "BertForSequenceClassification",
                  "squad": "BertForQuestionAnswering",
                  "choice": "BertForMultipleChoice"}
 KINDS = {v: k for k, v in ARCHITECTURES.items()}
-KINDS.update(BertForPreTraining="pretraining", BertForMaskedLM="pretraining")
+KINDS.update(BertForPreTraining="pretraining", BertForMaskedLM="pretraining",
+             ModernBertForMaskedLM="pretraining")
 SPECIAL_TOKENS = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]",
                   "cls_token": "[CLS]", "mask_token": "[MASK]"}
 TOKENIZER_CONFIG = "tokenizer_config.json"
 SPECIAL_TOKENS_MAP = "special_tokens_map.json"
 
 
-def hf_head(params: Mapping, task: Optional[Mapping] = None) -> tuple[dict, Optional[str]]:
+def hf_head(params: Mapping, task: Optional[Mapping] = None,
+            modernbert: bool = False) -> tuple[dict, Optional[str]]:
     """What transformers calls the model of `params`, from its heads and the task record
     (model_dir.task_record) of the model directory: ({"architecture", "labels" (class names
     or None), "problem_type" (or None)}, a warning or None). Without a record a
     "classifier" head cannot be told apart (sentence, token or choice): it is exported as
-    a sequence classifier named LABEL_i, and the warning says so."""
+    a sequence classifier named LABEL_i, and the warning says so. `modernbert`: the
+    encoder is ModernBERT-style (ModernBertModel, or ModernBertForMaskedLM with an MLM
+    head; other heads are refused)."""
     kind = (task or {}).get("kind")
     labels = (task or {}).get("labels")
     head = {"architecture": "BertModel", "labels": None, "problem_type": None}
+    if modernbert:
+        if set(params) - {"bert", "mlm"}:
+            raise ConversionError(
+                f"a ModernBERT-style model is exported with its MLM head only; this one has "
+                f"{sorted(set(params) - {'bert', 'mlm'})}")
+        head["architecture"] = "ModernBertForMaskedLM" if "mlm" in params else "ModernBertModel"
+        return head, None
     if "mlm" in params:
         head["architecture"] = "BertForPreTraining" if "nsp" in params else "BertForMaskedLM"
         return head, None
@@ -200,6 +233,9 @@ def config_to_hf(config: BertConfig, params: Mapping, task: Optional[Mapping] = 
     """config.json for the heads present and the task they were trained for (`hf_head`):
     the architecture, and for classifiers num_labels, id2label / label2id and (sequence
     classification) problem_type."""
+    if hf_modernbert.is_modernbert(config):
+        head, _ = hf_head(params, task, modernbert=True)
+        return hf_modernbert.config_to_hf(config, architectures=(head["architecture"],))
     if config.pre_ln:
         raise ConversionError("a pre-LN model has no transformers BERT equivalent (post-LN)")
     head, _ = hf_head(params, task)
@@ -275,12 +311,24 @@ def write_hf_dir(output: str, params: Mapping, config: BertConfig,
     output = paths.resolve(output)
     if paths.exists(output):
         raise FileExistsError(f"{output} already exists; refusing to overwrite it")
-    left = tensors.unmapped(params, [(n, ("bert",) + p, k) for n, p, k in
-                                     hf._layout(config, "bert.")] + list(hf.HEAD_LAYOUT))
+    modern = hf_modernbert.is_modernbert(config)
+    if modern:
+        hf_modernbert.check_exportable(config)
+        layout = ([(n, ("bert",) + p, k) for n, p, k in hf_modernbert.layout(config, "model.")]
+                  + hf_modernbert.head_layout(config))
+    else:
+        layout = ([(n, ("bert",) + p, k) for n, p, k in hf._layout(config, "bert.")]
+                  + list(hf.HEAD_LAYOUT))
+    left = tensors.unmapped(params, layout)
     if left:
         raise ConversionError(f"parameters with no Hugging Face name: {left[:10]}")
     config_dict = config_to_hf(config, params, task)
-    state = hf.params_to_hf(params, config)
+    if modern:
+        # ModernBertModel's own names have no "model." prefix.
+        state = hf_modernbert.params_to_hf(params, config,
+                                           prefix="model." if "mlm" in params else "")
+    else:
+        state = hf.params_to_hf(params, config)
     with paths.staged_dir(output) as tmp:
         # transformers refuses safetensors files without a "format" in the metadata.
         save_file(state, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})

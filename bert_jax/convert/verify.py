@@ -2,7 +2,7 @@
 report the largest absolute difference of every output.
 
 References: `hf:DIR` (transformers + torch, BertModel / BertForPreTraining from a Hugging
-Face directory) or `tf:CKPT` (a TF1 checkpoint run by `tf_reference.py`). Differences are
+Face directory, or ModernBertModel / ModernBertForMaskedLM for model_type "modernbert") or `tf:CKPT` (a TF1 checkpoint run by `tf_reference.py`). Differences are
 taken at real (non-padding) tokens only.
 """
 
@@ -67,7 +67,9 @@ def run_ours(params: Mapping, config: BertConfig, batch: Mapping) -> dict[str, n
     config = config.replace(scan_layers=False, remat="none")
     args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     seq, pooled = jax.jit(BertModel(config).apply)({"params": params["bert"]}, *args)
-    out = {"sequence_output": np.asarray(seq), "pooled_output": np.asarray(pooled)}
+    out = {"sequence_output": np.asarray(seq)}
+    if config.pooler:  # else the [CLS] row of sequence_output, compared already
+        out["pooled_output"] = np.asarray(pooled)
     if "mlm" in params:
         nsp = "nsp" in params
         tree = {k: params[k] for k in ("bert", "mlm", "nsp") if k in params}
@@ -142,6 +144,7 @@ def verify(checkpoint: str, reference: str, tokenizer=None, length: int = 64,
     if kind == "hf":
         names, _, _ = _open_weights(path)
         ref_heads = tuple(h for h, n in (("mlm", "cls.predictions.bias"),
+                                         ("mlm", "decoder.bias"),
                                          ("nsp", "cls.seq_relationship.weight")) if n in names)
         heads = tuple(h for h in heads if h in ref_heads)
         if "nsp" in heads and "mlm" not in heads:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
@@ -19,19 +20,27 @@ class BertSelfAttention(nn.Module):
     shard heads without reshapes; the Hugging Face / TF layout is a reshape of these.
 
     Names for the remat policies (models/remat.py): "query", "key", "value" (projections,
-    compute dtype) and "context" (the attention output before the output projection)."""
+    compute dtype) and "context" (the attention output before the output projection).
+
+    Rotary positions (`position_embedding="rotary"`) rotate Q and K before the attention
+    path, with the layer's base (`rope_theta`, or `local_rope_theta` in a local layer). A
+    local layer (`BertConfig.layer_window`) attends keys within `local_attention // 2` of
+    the query: a band in the XLA path's mask; `window=` to `attention_ops.resolve` and
+    `attention_ops.fused` for the other paths (global layers call them without it)."""
 
     config: BertConfig
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x, mask):
+    def __call__(self, x, mask, positions=None, local=False):
         """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token),
         or for packed rows <int32>[batch, length] sequence ids (a token attends the tokens
-        with its id; 0 = padding)."""
+        with its id; 0 = padding). positions: <int>[batch or 1, length], the rotary
+        positions (None: 0 .. length - 1). local: whether this is a sliding-window layer,
+        a Python bool, or a traced <bool>[] under nn.scan (the layers then share one body)."""
         c = self.config
         proj = lambda name, dtype=c.compute_dtype, **kw: DenseGeneral(  # noqa: E731
-            features=(c.num_attention_heads, c.head_dim), axis=-1,
+            features=(c.num_attention_heads, c.head_dim), axis=-1, use_bias=c.use_bias,
             dtype=dtype, param_dtype=c.storage_dtype,
             kernel_init=weight_init(c, ("embed", "heads", "kv")),
             bias_init=zeros_init(("heads", "kv")), name=name, **kw)
@@ -39,35 +48,100 @@ class BertSelfAttention(nn.Module):
             q, k, v = _fused_projection(proj, x, c.compute_dtype)
         else:  # [batch, length, heads, kv] each
             q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
+        if c.position_embedding == "rotary":
+            if positions is None:
+                positions = jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
+            theta = c.rope_theta
+            if c.local_attention and local is not False:
+                theta = jnp.where(local, jnp.float32(c.local_rope_theta),
+                                  jnp.float32(c.rope_theta))
+            q, k = rotary(q, positions, theta), rotary(k, positions, theta)
         q = checkpoint_name(q, "query")
         k = checkpoint_name(k, "key")
         v = checkpoint_name(v, "value")
 
         drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
-        # Init only needs shapes, and is traced without the step's mesh (so without the
-        # platform it compiles for): every path has the same parameters.
         packed = jnp.issubdtype(mask.dtype, jnp.integer)
-        impl = "xla" if self.is_initializing() else attention_ops.resolve(
-            c.attention, attention_ops.platform(), c, training, packed=packed)
-        if impl == "xla":
-            # [batch, 1, k] key mask, or [batch, q, k] block-diagonal for packed rows.
-            kv_mask = mask[:, :, None] == mask[:, None, :] if packed else mask[:, None, :]
-            ctx = xla_attention.attention(
-                q, k, v, kv_mask, dropout=lambda p: drop(p, deterministic=self.deterministic))
-        else:
-            ctx = attention_ops.fused(
+        window = c.local_attention // 2 if c.local_attention and local is not False else 0
+        dropout_key = None
+
+        def impl_for(w):
+            # Init only needs shapes, and is traced without the step's mesh (so without the
+            # platform it compiles for): every path has the same parameters.
+            if self.is_initializing():
+                return "xla"
+            kw = {"window": w} if w else {}
+            return attention_ops.resolve(c.attention, attention_ops.platform(), c, training,
+                                         packed=packed, **kw)
+
+        def attend(impl, w, band_on=True):
+            if impl == "xla":
+                # [batch, 1, k] key mask, or [batch, q, k] block-diagonal for packed rows.
+                kv_mask = mask[:, :, None] == mask[:, None, :] if packed else mask[:, None, :]
+                if w:
+                    kv_mask = kv_mask & band_mask(x.shape[1], w, band_on)
+                return xla_attention.attention(
+                    q, k, v, kv_mask, dropout=lambda p: drop(p, deterministic=self.deterministic))
+            kw = {"window": w} if w else {}  # global layers call it exactly as before
+            return attention_ops.fused(
                 impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
-                dropout_key=drop.make_key() if training else None,
-                pallas_options=c.pallas_options)
+                dropout_key=dropout_key, pallas_options=c.pallas_options, **kw)
+
+        if not window or local is True:
+            impl = impl_for(window)
+            if impl != "xla" and training:
+                dropout_key = drop.make_key()
+            ctx = attend(impl, window)
+        else:  # a traced flag (nn.scan): one body for local and global layers
+            local_impl, global_impl = impl_for(window), impl_for(0)
+            if local_impl == global_impl == "xla":  # the band lifted on global layers
+                ctx = attend("xla", window, local)
+            elif "xla" in (local_impl, global_impl):
+                raise attention_ops.AttentionConfigError(
+                    f"scan_layers with local layers on {local_impl} and global ones on "
+                    f"{global_impl}: set model.attention to one path for both, or "
+                    f"scan_layers=False")
+            else:  # the kernel's window is static: a branch for each kind of layer
+                if training:
+                    dropout_key = drop.make_key()
+                ctx = jax.lax.cond(local, lambda: attend(local_impl, window),
+                                   lambda: attend(global_impl, 0))
         ctx = checkpoint_name(ctx, "context")
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
 
         return DenseGeneral(
             features=c.hidden_size, axis=(-2, -1),
             dtype=c.compute_dtype, param_dtype=c.storage_dtype,
-            kernel_init=weight_init(c, ("heads", "kv", "embed")),
+            kernel_init=weight_init(c, ("heads", "kv", "embed")), use_bias=c.use_bias,
             bias_init=zeros_init(("embed",)), name="output")(ctx)
+
+
+def band_mask(length: int, window: int, local=True):
+    """<bool>[1, length, length]: key j is within `window` of query i (|i - j| <= window).
+    A traced `local` flag that is False lifts the band (every key allowed)."""
+    i = jnp.arange(length, dtype=jnp.int32)
+    band = jnp.abs(i[:, None] - i[None, :]) <= window
+    if local is not True:
+        band = band | ~jnp.asarray(local, bool)
+    return band[None]
+
+
+def rotary(x, positions, theta):
+    """Rotary position embedding of x: <dtype>[batch, length, heads, kv] at positions
+    <int>[batch or 1, length] with base `theta` (a float, or a traced float32 scalar).
+    The rotate-half convention (the first and second halves of kv are the pairs), in
+    float32, cast back to x's dtype: transformers' ModernBERT / Llama form."""
+    d = x.shape[-1]
+    exponent = jnp.arange(0, d, 2, dtype=jnp.float32) / d
+    inv_freq = 1.0 / (jnp.asarray(theta, jnp.float32) ** exponent)
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, l, d/2]
+    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]  # [b, l, 1, d]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    xf = x.astype(jnp.float32)
+    half = d // 2
+    rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+    return (xf * cos + rotated * sin).astype(x.dtype)
 
 
 def _fused_projection(proj, x, dtype):

@@ -17,7 +17,7 @@ from bert_jax.models.layers import dense
 class BertModel(nn.Module):
     """The encoder. Returns (sequence_output [batch, length, embed],
     pooled_output [batch, embed] = tanh(dense([CLS])), or [batch, K, embed] at
-    `cls_positions`).
+    `cls_positions`; with `pooler=False` the [CLS] hidden state itself).
 
     Packed rows (several sequences per row, each `[CLS] A [SEP] B [SEP]`): `sequence_ids`
     <int>[batch, length] numbers the sequences of a row 1, 2, ... (0 = padding); attention
@@ -31,7 +31,8 @@ class BertModel(nn.Module):
         c = self.config
         self.embeddings = BertEmbeddings(c)
         self.encoder = BertEncoder(c)
-        self.pooler = dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
+        if c.pooler:
+            self.pooler = dense(c, c.hidden_size, ("embed", "mlp"), "pooler", c.use_bias)
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
                  position_ids: Optional[jnp.ndarray] = None, deterministic: bool = True,
@@ -49,9 +50,10 @@ class BertModel(nn.Module):
             mask = (jnp.ones_like(input_ids) if attention_mask is None
                     else attention_mask).astype(bool)
         x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic=deterministic)
-        x = self.encoder(x, mask, deterministic=deterministic)
+        rotary = position_ids if self.config.position_embedding == "rotary" else None
+        x = self.encoder(x, mask, deterministic=deterministic, positions=rotary)
         cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
-        pooled = jnp.tanh(self.pooler(cls))
+        pooled = jnp.tanh(self.pooler(cls)) if self.config.pooler else cls
         return x, pooled
 
     def attend(self, x):

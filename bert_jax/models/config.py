@@ -33,6 +33,10 @@ REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_save
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
 DTYPES = ("float32", "bfloat16", "float16")
 DROPOUT_RNGS = ("hash", "jax")
+POSITION_EMBEDDINGS = ("learned", "rotary")
+FFN_TYPES = ("dense", "geglu", "swiglu")
+# The activation of a gated FFN's input half: GeGLU takes a GELU, SwiGLU SiLU.
+FFN_ACTIVATIONS = {"geglu": ("gelu", "gelu_new", "gelu_tanh"), "swiglu": ("silu",)}
 
 
 class ConfigError(UserError, ValueError):
@@ -69,6 +73,27 @@ class BertConfig:
       pallas_num_warps, pallas_num_stages: Triton's warps per program (a power of two up
         to 32) and software-pipelining stages (>= 1) for those kernels (0: 4 and 2).
         Run-time options: they change speed, never results (up to float summation order).
+
+    The third block is the architecture of later encoders (ModernBERT: rotary positions,
+    GeGLU, no biases, pre-LN, alternating global / sliding-window attention); every
+    default is BERT's:
+      position_embedding: "learned" (a table of max_position_embeddings rows added to the
+        embeddings) or "rotary" (no table; queries and keys rotated by their position, the
+        rotate-half convention of transformers; max_position_embeddings still bounds the length).
+      rope_theta, local_rope_theta: the rotary base of global and of local
+        (sliding-window) layers.
+      ffn_type: "dense" (intermediate + activation + output) or a gated FFN, "geglu" /
+        "swiglu": act(x W_in) * (x W_gate), then the output projection; hidden_act is the
+        gate's activation (a GELU for geglu, silu for swiglu).
+      use_bias: biases of the dense layers (attention projections, FFN, pooler, the MLM
+        transform; not the classifier heads nor the MLM output bias). norm_bias: LayerNorm biases.
+      layer0_attention_norm: pre-LN only: False leaves out layer 0's attention LayerNorm
+        (its input is the embedding LayerNorm's output already), as ModernBERT does.
+      pooler: False has no pooler dense: the pooled output is the [CLS] hidden state.
+      global_attn_every_n_layers, local_attention: with N > 1, layer i is global when
+        i % N == 0 and local otherwise; a local layer's query at i attends the keys j
+        with |i - j| <= local_attention // 2 (ModernBERT's window). 0 or 1: every layer global.
+      type_vocab_size: 0 for no token-type embeddings (token_type_ids are then ignored).
     """
 
     vocab_size: int = 30522
@@ -99,12 +124,27 @@ class BertConfig:
     pallas_num_warps: int = 0
     pallas_num_stages: int = 0
 
+    position_embedding: str = "learned"
+    rope_theta: float = 10000.0
+    local_rope_theta: float = 10000.0
+    ffn_type: str = "dense"
+    use_bias: bool = True
+    norm_bias: bool = True
+    layer0_attention_norm: bool = True
+    pooler: bool = True
+    global_attn_every_n_layers: int = 0
+    local_attention: int = 0
+
     def __post_init__(self):
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                    "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+                    "intermediate_size", "max_position_embeddings"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"BertConfig.{key} must be a positive integer, got {value!r}")
+        if (not isinstance(self.type_vocab_size, int) or isinstance(self.type_vocab_size, bool)
+                or self.type_vocab_size < 0):
+            raise ConfigError(f"BertConfig.type_vocab_size must be an integer >= 0 (0: no "
+                              f"token-type embeddings), got {self.type_vocab_size!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ConfigError(
                 f"BertConfig.hidden_size={self.hidden_size} is not divisible by "
@@ -131,6 +171,57 @@ class BertConfig:
             if getattr(self, key) not in DTYPES:
                 raise ConfigError(f"BertConfig.{key}={getattr(self, key)!r}; expected one of {DTYPES}")
         self._check_pallas()
+        self._check_architecture()
+
+    def _check_architecture(self) -> None:
+        """The fields of later encoders (class doc, third block)."""
+        if self.position_embedding not in POSITION_EMBEDDINGS:
+            raise ConfigError(f"BertConfig.position_embedding={self.position_embedding!r}; "
+                              f"expected one of {POSITION_EMBEDDINGS}")
+        for key in ("rope_theta", "local_rope_theta"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1:
+                raise ConfigError(f"BertConfig.{key} must be a number > 1, got {value!r}")
+        if self.position_embedding == "rotary" and self.head_dim % 2:
+            raise ConfigError(f"BertConfig.position_embedding='rotary' needs an even head "
+                              f"size, got hidden_size / num_attention_heads = {self.head_dim}")
+        if self.ffn_type not in FFN_TYPES:
+            raise ConfigError(f"BertConfig.ffn_type={self.ffn_type!r}; expected one of "
+                              f"{FFN_TYPES}")
+        if self.ffn_type in FFN_ACTIVATIONS and \
+                self.hidden_act not in FFN_ACTIVATIONS[self.ffn_type]:
+            raise ConfigError(f"BertConfig.ffn_type={self.ffn_type!r} gates with "
+                              f"{' / '.join(FFN_ACTIVATIONS[self.ffn_type])}, but hidden_act="
+                              f"{self.hidden_act!r}")
+        for key in ("use_bias", "norm_bias", "layer0_attention_norm", "pooler"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"BertConfig.{key} must be true or false, got "
+                                  f"{getattr(self, key)!r}")
+        if not self.layer0_attention_norm and not self.pre_ln:
+            raise ConfigError("BertConfig.layer0_attention_norm=False needs pre_ln=True (a "
+                              "post-LN layer normalises after attention, not before)")
+        for key in ("global_attn_every_n_layers", "local_attention"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(f"BertConfig.{key} must be an integer >= 0, got {value!r}")
+        has_local = self.global_attn_every_n_layers > 1 and self.num_hidden_layers > 1
+        if has_local and self.local_attention < 2:
+            raise ConfigError(
+                f"BertConfig.global_attn_every_n_layers={self.global_attn_every_n_layers} "
+                f"makes layers local, which needs local_attention >= 2 (the window: keys "
+                f"within local_attention // 2 of the query), got {self.local_attention}")
+        if self.local_attention and not has_local:
+            raise ConfigError(
+                f"BertConfig.local_attention={self.local_attention} but no layer is local "
+                f"(global_attn_every_n_layers={self.global_attn_every_n_layers}, "
+                f"num_hidden_layers={self.num_hidden_layers}); set "
+                f"global_attn_every_n_layers > 1, or local_attention=0")
+
+    def layer_window(self, index: int) -> int:
+        """Half width of layer `index`'s attention window: keys j with |i - j| <= it;
+        0 for a global layer."""
+        n = self.global_attn_every_n_layers
+        return self.local_attention // 2 if n > 1 and index % n else 0
 
     def _check_pallas(self) -> None:
         """The Pallas kernel's tuning fields: 0 (the kernel's default) or a value it takes."""

@@ -1,4 +1,5 @@
-"""Word + position + token-type embeddings, LayerNorm, dropout."""
+"""Word + position + token-type embeddings (positions and token types optional), LayerNorm,
+dropout."""
 
 from __future__ import annotations
 
@@ -51,10 +52,13 @@ class BertEmbeddings(nn.Module):
             n, c.hidden_size, dtype=c.compute_dtype, param_dtype=c.storage_dtype,
             embedding_init=weight_init(c, axes), name=name)
         self.word_embeddings = embed(c.vocab_size, ("vocab", "embed"), "word_embeddings")
-        self.position_embeddings = embed(
-            c.max_position_embeddings, ("length", "embed"), "position_embeddings")
-        self.token_type_embeddings = embed(
-            c.type_vocab_size, ("classes", "embed"), "token_type_embeddings")
+        # Rotary positions live in the attention; type_vocab_size=0 has no segment table.
+        if c.position_embedding == "learned":
+            self.position_embeddings = embed(
+                c.max_position_embeddings, ("length", "embed"), "position_embeddings")
+        if c.type_vocab_size:
+            self.token_type_embeddings = embed(
+                c.type_vocab_size, ("classes", "embed"), "token_type_embeddings")
         self.norm = layer_norm(c, "LayerNorm")
         self.dropout = Dropout(rate=c.hidden_dropout_prob, impl=c.dropout_rng)
 
@@ -72,15 +76,18 @@ class BertEmbeddings(nn.Module):
         c = self.config
         wide = jnp.promote_types(c.storage_dtype, jnp.float32)
         rows = lambda embed, ids: jnp.take(embed.embedding, ids, axis=0).astype(wide)  # noqa: E731
-        types = self.token_type_embeddings
-        if c.compute_dtype == jnp.float32 and platform() == "cpu":
-            # The gather, as always: its gradient's summation order, the scatter's, is
-            # the one every float32 CPU run so far took (bit for bit).
-            token_type = rows(types, token_type_ids)
-        else:
-            token_type = select_rows(types.embedding.astype(wide), token_type_ids)
-        x = (rows(self.word_embeddings, input_ids) + rows(self.position_embeddings, position_ids)
-             + token_type)
+        x = rows(self.word_embeddings, input_ids)
+        if c.position_embedding == "learned":
+            x = x + rows(self.position_embeddings, position_ids)
+        if c.type_vocab_size:
+            types = self.token_type_embeddings
+            if c.compute_dtype == jnp.float32 and platform() == "cpu":
+                # The gather, as always: its gradient's summation order, the scatter's, is
+                # the one every float32 CPU run so far took (bit for bit).
+                token_type = rows(types, token_type_ids)
+            else:
+                token_type = select_rows(types.embedding.astype(wide), token_type_ids)
+            x = x + token_type
         x = self.norm(x)
         x = self.dropout(x, deterministic=deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))

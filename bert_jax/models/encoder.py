@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models.attention import BertSelfAttention
@@ -42,33 +43,52 @@ class BertLayer(nn.Module):
     config: BertConfig
     deterministic: bool = True
     scanned: bool = False  # under nn.scan: take and return a (carry, output) pair
+    index: int = 0  # the layer's place in the stack (unscanned; under nn.scan an input)
 
     @nn.compact
-    def __call__(self, x, mask):
+    def __call__(self, x, mask, positions=None, index=None):
         """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token)
-        or <int32>[batch, length] sequence ids of packed rows (models/attention.py)."""
+        or <int32>[batch, length] sequence ids of packed rows (models/attention.py);
+        positions: rotary positions <int>[batch or 1, length] (None: 0 .. length - 1);
+        index: under nn.scan, the layer's traced <int32>[] place in the stack."""
         c = self.config
+        n = c.global_attn_every_n_layers
+        if index is None:
+            local = c.layer_window(self.index) > 0
+        else:
+            local = (index % n != 0) if c.layer_window(1) else False
         drop = Dropout(rate=c.hidden_dropout_prob, impl=c.dropout_rng)
         attention = BertSelfAttention(c, self.deterministic, name="attention")
-        attention_norm = layer_norm(c, "attention_norm")
-        intermediate = dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")
-        output = dense(c, c.hidden_size, ("mlp", "embed"), "output")
+        if c.layer0_attention_norm or self.index > 0 or index is not None:
+            attention_norm = layer_norm(c, "attention_norm")
+        else:  # its input is the embedding LayerNorm's output
+            attention_norm = lambda h: h  # noqa: E731
+        width = c.intermediate_size
+        intermediate = dense(c, width, ("embed", "mlp"), "intermediate", c.use_bias)
+        gate = (dense(c, width, ("embed", "mlp"), "gate", c.use_bias)
+                if c.ffn_type != "dense" else None)
+        output = dense(c, c.hidden_size, ("mlp", "embed"), "output", c.use_bias)
         output_norm = layer_norm(c, "output_norm")
         act = activation(c.hidden_act)
 
         def ffn(h):
-            h = act(checkpoint_name(intermediate(h), "ffn_pre"))
-            h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
-            return output(h)
+            g = act(checkpoint_name(intermediate(h), "ffn_pre"))
+            if gate is not None:  # GLU: act(x W_in) * (x W_gate)
+                g = g * checkpoint_name(gate(h), "ffn_pre")
+            g = nn.with_logical_constraint(g, ("batch", "length", "mlp"))
+            return output(g)
 
         def residual(a, b, name):
             return checkpoint_name(a + drop(b, deterministic=self.deterministic), name)
 
+        def attend(h):
+            return attention(h, mask, positions, local)
+
         if c.pre_ln:
-            h = residual(x, attention(attention_norm(x), mask), "attention_residual")
+            h = residual(x, attend(attention_norm(x)), "attention_residual")
             y = residual(h, ffn(output_norm(h)), "output_residual")
         else:
-            h = attention_norm(residual(x, attention(x, mask), "attention_residual"))
+            h = attention_norm(residual(x, attend(x), "attention_residual"))
             y = output_norm(residual(h, ffn(h), "output_residual"))
         y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
         return (y, None) if self.scanned else y
@@ -76,29 +96,42 @@ class BertLayer(nn.Module):
 
 class BertEncoder(nn.Module):
     """The layer stack. Unscanned params: layer_0 ... layer_{L-1}; scanned: one `layers`
-    subtree whose leaves have a leading [layers] axis (see `models.params` to convert)."""
+    subtree whose leaves have a leading [layers] axis (see `models.params` to convert).
+    When layer 0 differs in its parameters (`layer0_attention_norm=False`), a scanned
+    stack keeps it apart as `layer_0` and scans layers 1 .. L-1. Local and global layers
+    share one scanned body: each gets its index as a scanned input."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, mask, deterministic: bool = True):
+    def __call__(self, x, mask, deterministic: bool = True, positions=None):
         c = self.config
         layer_cls = BertLayer
         if c.remat != "none":
             layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
         if c.scan_layers:
+            first = 0
+            if not c.layer0_attention_norm:
+                x = layer_cls(c, deterministic, name="layer_0")(x, mask, positions)
+                first = 1
+            if c.layer_window(1):  # local layers: each scanned step gets its index
+                in_axes = (nn.broadcast, nn.broadcast, 0)
+                args = (mask, positions,
+                        jnp.arange(first, c.num_hidden_layers, dtype=jnp.int32))
+            else:
+                in_axes, args = nn.broadcast, (mask, positions)
             stack = nn.scan(
                 layer_cls,
                 variable_axes={"params": 0},
                 split_rngs={"params": True, "dropout": True},
-                in_axes=nn.broadcast,
-                length=c.num_hidden_layers,
+                in_axes=in_axes,
+                length=c.num_hidden_layers - first,
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
-            x, _ = stack(c, deterministic, scanned=True, name="layers")(x, mask)
+            x, _ = stack(c, deterministic, scanned=True, index=first, name="layers")(x, *args)
         else:
             for i in range(c.num_hidden_layers):
-                x = layer_cls(c, deterministic, name=f"layer_{i}")(x, mask)
+                x = layer_cls(c, deterministic, index=i, name=f"layer_{i}")(x, mask, positions)
         if c.pre_ln:
             x = layer_norm(c, "final_norm")(x)
         return x

@@ -28,7 +28,7 @@ class MaskedLMHead(nn.Module):
     def __call__(self, hidden, attend: Callable):
         """hidden: [batch, P, embed] -> <dtype>[batch, P, vocab]."""
         c = self.config
-        h = dense(c, c.hidden_size, ("embed", "mlp"), "transform")(hidden)
+        h = dense(c, c.hidden_size, ("embed", "mlp"), "transform", c.use_bias)(hidden)
         h = activation(c.hidden_act)(h)
         h = layer_norm(c, "transform_norm")(h)
         logits = attend(h)

@@ -80,10 +80,13 @@ def add_bias(x, bias):
     return (x.astype(wide) + bias.astype(wide)).astype(x.dtype)
 
 
-def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str) -> Dense:
-    """A Dense layer whose kernel is named `axes` (in, out) and bias `axes[1]`."""
+def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
+          use_bias: bool = True) -> Dense:
+    """A Dense layer whose kernel is named `axes` (in, out) and bias `axes[1]` (none when
+    `use_bias` is False)."""
     return Dense(
         features,
+        use_bias=use_bias,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
         kernel_init=weight_init(config, axes),
@@ -96,6 +99,7 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
     # flax computes the mean / variance in float32 even for a bfloat16 input.
     return nn.LayerNorm(
         epsilon=config.layer_norm_eps,
+        use_bias=config.norm_bias,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
         scale_init=ones_init(("embed",)),

@@ -28,24 +28,33 @@ def _find_encoder(tree: dict, path=()):
             yield from _find_encoder(v, path + (k,))
 
 
+def _structure(tree):
+    return jax.tree_util.tree_structure(flax.core.unfreeze(tree))
+
+
 def stack_layers(params: dict, num_layers: int) -> dict:
-    """layer_0..layer_{N-1} -> layers (leaves stacked on axis 0). Returns a new tree."""
+    """layer_0..layer_{N-1} -> layers (leaves stacked on axis 0). Returns a new tree.
+    A layer_0 whose parameters differ from layer_1's (a pre-LN layer 0 without its
+    attention LayerNorm) stays apart, as the scanned encoder keeps it."""
     params = flax.core.unfreeze(params)
     for _, parent in list(_find_encoder(params)):
         enc = dict(parent["encoder"])
-        layers = [enc.pop(f"layer_{i}") for i in range(num_layers)]
+        first = int(num_layers > 1 and _structure(enc["layer_0"]) != _structure(enc["layer_1"]))
+        layers = [enc.pop(f"layer_{i}") for i in range(first, num_layers)]
         enc["layers"] = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *layers)
         parent["encoder"] = enc
     return params
 
 
 def unstack_layers(params: dict, num_layers: int) -> dict:
-    """layers (leading [layers] axis) -> layer_0..layer_{N-1}. Returns a new tree."""
+    """layers (leading [layers] axis) -> layer_0..layer_{N-1}. Returns a new tree.
+    With a layer_0 kept apart beside `layers`, these are layers 1..N-1."""
     params = flax.core.unfreeze(params)
     for _, parent in list(_find_encoder(params)):
         enc = dict(parent["encoder"])
         stacked = enc.pop("layers")
-        for i in range(num_layers):
-            enc[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i], stacked)
+        first = int("layer_0" in enc)
+        for i in range(first, num_layers):
+            enc[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i - first], stacked)
         parent["encoder"] = enc
     return params

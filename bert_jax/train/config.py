@@ -338,3 +338,65 @@ def paper_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,
                    init_state="full" if phase2 else "params"),
         mesh=mesh,
         checkpoint=dict(every=5_000, keep=3, keep_period=100_000))
+
+
+MODERNBERT_ARGS = (None, "", "long", "tiny")
+
+
+def modernbert_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,
+                                  batch_size: int, steps: int) -> ml_collections.ConfigDict:
+    """A ModernBERT-style pre-training run for `model`: masked LM only (no NSP), 30% of the
+    tokens masked on the fly (dynamic masking), AdamW at ModernBERT's peak rate and betas.
+    `arg`: None = length 1,024 (ModernBERT's first phase); "long" = length 8,192 (its
+    context extension; max_position_embeddings bounds it); "tiny" = `model` cut to 4
+    layers of width 128 at length 128, trained like configs/bert_tiny.py on the sample
+    corpus in minutes on a CPU. The optimizer is AdamW with a linear decay, not
+    ModernBERT's StableAdamW and trapezoidal schedule."""
+    if arg not in MODERNBERT_ARGS:
+        raise ValueError(f"configs/{name}.py: unknown argument {arg!r}; use long or tiny")
+    config = ml_collections.ConfigDict()
+    config.model = model
+    config.model.nsp = False
+    if arg == "tiny":
+        # Layer 0 and 3 global, 1 and 2 local with a window (16 each side) shorter than
+        # the rows, so both kinds of layer are exercised.
+        config.model.update(vocab_size=30522, hidden_size=128, num_hidden_layers=4,
+                            num_attention_heads=2, intermediate_size=192,
+                            max_position_embeddings=512, local_attention=32)
+        config.data = data_config(max_seq_length=128, max_predictions_per_seq=40,
+                                  dynamic_masking=True, masked_lm_prob=0.3,
+                                  shuffle_buffer=2000, num_parallel_reads=4)
+        return add_training_sections(
+            config, optimizer=dict(b2=0.98),
+            schedule=dict(lr=1.5e-3, warmup_steps=100, decay="linear"),
+            train=dict(batch_size=8, eval_batch_size=64, steps=2400, log_every=50,
+                       eval_every=0, eval_steps=-1, deterministic=True),
+            checkpoint=dict(every=800, keep=2))
+    length = 8192 if arg == "long" else 1024
+    config.data = data_config(max_seq_length=length,
+                              max_predictions_per_seq=int(math.ceil(0.3 * length)),
+                              dynamic_masking=True, masked_lm_prob=0.3)
+    return add_training_sections(
+        config, optimizer=dict(b1=0.9, b2=0.98, eps=1e-6, weight_decay=1e-5),
+        schedule=dict(lr=8e-4, warmup_steps=3_000, decay="linear"),
+        train=dict(batch_size=batch_size, steps=steps, log_every=100, eval_every=10_000,
+                   eval_steps=100),
+        mesh=dict(data=-1, fsdp=1, tensor=1),
+        checkpoint=dict(every=5_000, keep=3, keep_period=100_000))
+
+
+def modernbert_model(**shapes) -> ml_collections.ConfigDict:
+    """The `model` section of a ModernBERT-style encoder of the given shapes: rotary
+    positions (base 160,000 on global layers, 10,000 on local ones), GeGLU, no biases,
+    pre-LN without layer 0's attention LayerNorm, a final LayerNorm, no token types, no
+    pooler, a global layer every third with a 128-token window on the others, no dropout,
+    LayerNorm epsilon 1e-5."""
+    from bert_jax.models.config import model_config
+
+    return model_config(**dict(
+        dict(vocab_size=50368, max_position_embeddings=8192, type_vocab_size=0,
+             hidden_act="gelu", ffn_type="geglu", position_embedding="rotary",
+             rope_theta=160_000.0, local_rope_theta=10_000.0, use_bias=False,
+             norm_bias=False, pre_ln=True, layer0_attention_norm=False, pooler=False,
+             global_attn_every_n_layers=3, local_attention=128, layer_norm_eps=1e-5,
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), **shapes))

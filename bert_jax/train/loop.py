@@ -207,7 +207,8 @@ class _Run:
         self.kernels = attention_ops.describe(
             task.model_config,
             platform_name(self.mesh.devices.flat[0].platform),
-            deterministic_training=bool(config.train.deterministic))
+            deterministic_training=bool(config.train.deterministic),
+            window=task.model_config.layer_window(1))
         self.resumable = bool(saved_steps(self.workdir))
         if (warm_start.Resize.from_config(config.train).active
                 and getattr(task, "init_resize", None) is None):

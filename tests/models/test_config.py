@@ -28,7 +28,11 @@ def test_reads_and_writes_original_format(tmp_path):
                                               "attention", "fused_qkv", "pallas_block_q",
                                               "pallas_block_k", "pallas_bwd_block_q",
                                               "pallas_bwd_block_k", "pallas_num_warps",
-                                              "pallas_num_stages"}
+                                              "pallas_num_stages", "position_embedding",
+                                              "rope_theta", "local_rope_theta", "ffn_type",
+                                              "use_bias", "norm_bias", "layer0_attention_norm",
+                                              "pooler", "global_attn_every_n_layers",
+                                              "local_attention"}
     assert BertConfig.from_dict(full) == config
 
 
@@ -48,6 +52,18 @@ def test_unknown_key_is_named(tmp_path):
     (dict(remat="sometimes"), "remat"),
     (dict(attention="flash"), "attention"),
     (dict(dtype="float8"), "dtype"),
+    (dict(position_embedding="alibi"), "position_embedding"),
+    (dict(position_embedding="rotary", hidden_size=96, num_attention_heads=32), "even head"),
+    (dict(rope_theta=0.5), "rope_theta must be a number > 1"),
+    (dict(ffn_type="glu"), "ffn_type"),
+    (dict(ffn_type="geglu", hidden_act="relu"), "gates with gelu"),
+    (dict(ffn_type="swiglu"), "gates with silu"),
+    (dict(use_bias=1), "use_bias must be true or false"),
+    (dict(layer0_attention_norm=False), "needs pre_ln=True"),
+    (dict(global_attn_every_n_layers=3), "needs local_attention >= 2"),
+    (dict(local_attention=128), "no layer is local"),
+    (dict(global_attn_every_n_layers=-1), "global_attn_every_n_layers must be an integer"),
+    (dict(type_vocab_size=-1), "type_vocab_size must be an integer >= 0"),
 ])
 def test_validation(change, message):
     with pytest.raises(ConfigError, match=message):
@@ -69,3 +85,9 @@ def test_model_config_section():
         section.hiddden_size = 3
     with pytest.raises(ConfigError, match="'hiddn'"):
         model_config(hiddn=3)
+
+
+def test_layer_windows():
+    c = BertConfig(num_hidden_layers=7, global_attn_every_n_layers=3, local_attention=128)
+    assert [c.layer_window(i) for i in range(7)] == [0, 64, 64, 0, 64, 64, 0]
+    assert BertConfig().layer_window(1) == 0
