@@ -61,8 +61,9 @@ def define_step_flags() -> None:
     config_flags.DEFINE_config_file("config", None, "Run config (model section used).")
     flags.DEFINE_integer("batch", 8, "Global batch size.")
     flags.DEFINE_integer("seq", 128, "Sequence length.")
-    flags.DEFINE_integer("predictions", None, "MLM slots per example (default: ceil(0.15 * "
-                         "seq): 20 at 128 as BERT's data, 77 at 512; as gpu_suite.py).")
+    flags.DEFINE_integer("predictions", None, "MLM slots per example (default: ceil(p * seq) "
+                         "with the config's data.masked_lm_prob p, else 0.15: 20 at 128 as "
+                         "BERT's data, 77 at 512; as gpu_suite.py).")
     flags.DEFINE_string("dtype", "bfloat16", "Compute dtype (params stay float32).")
     flags.DEFINE_string("target", "cpu", "What to compile for: cpu, h100, device, or "
                         "tpu:<topology> (e.g. tpu:v5e:2x2, tpu:v4:2x2x2: a TPU slice, on the "
@@ -75,9 +76,10 @@ def define_step_flags() -> None:
     flags.mark_flags_as_required(["config"])
 
 
-def predictions_for(seq: int, predictions: int | None) -> int:
-    """MLM slots per example: `predictions`, else ceil(0.15 * seq)."""
-    return predictions or max(1, math.ceil(0.15 * seq - 1e-9))
+def predictions_for(seq: int, predictions: int | None, masked_lm_prob: float = 0.15) -> int:
+    """MLM slots per example: `predictions`, else ceil(masked_lm_prob * seq) (the config's
+    data.masked_lm_prob: 0.15 for BERT, 0.3 for the ModernBERT configs)."""
+    return predictions or max(1, math.ceil(masked_lm_prob * seq - 1e-9))
 
 
 def gpu_target_devices(target_config_path: str):
@@ -168,6 +170,15 @@ def lower_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bo
             config_lib.add_training_sections(config)
         if not config_mesh:
             config.mesh.data, config.mesh.fsdp, config.mesh.tensor = -1, 1, 1
+        if (devices[0].platform == "gpu" and config.model.attention == "auto"
+                and not cudnn_loadable()):
+            # jax asks the cuDNN library for its version while tracing a cuDNN call, so a
+            # GPU target on a host without it cannot hold one: the Pallas kernel stands in
+            # (same O(length) memory; on a GPU, auto takes cuDNN for dropout-free global
+            # layers).
+            print("cuDNN is not loadable here: compiling with model.attention=pallas "
+                  "instead of auto")
+            config.model.attention = "pallas"
     mesh = sharding_lib.make_mesh(config.mesh, devices)
     rules = sharding_lib.rules_from_config(config.mesh)
     task = PretrainingTask(config, "")
@@ -182,6 +193,15 @@ def lower_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bo
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype,
                                sharding=sharding_lib.replicated(mesh))
     return fn.lower(abstract, abstract_batch(batch, seq, preds, bsh), rng), task.model_config
+
+
+def cudnn_loadable() -> bool:
+    """Whether jax finds the cuDNN library (a GPU host; not a CPU host compiling for one)."""
+    try:
+        from jax._src.lib import cuda_versions
+        return cuda_versions is not None and cuda_versions.cudnn_get_version() > 0
+    except Exception:  # no CUDA plugin, or the plugin without its libraries
+        return False
 
 
 def compile_step(config, batch: int, seq: int, preds: int, devices, *, dropout: bool = True,

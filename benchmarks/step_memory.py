@@ -82,7 +82,9 @@ def main(argv):
     config = FLAGS.config
     with config.unlocked():
         config.model.dtype = FLAGS.dtype
-    preds = compiled_step.predictions_for(FLAGS.seq, FLAGS.predictions)
+    preds = compiled_step.predictions_for(
+        FLAGS.seq, FLAGS.predictions,
+        config.data.get("masked_lm_prob", 0.15) if "data" in config else 0.15)
     report = analyze(config, FLAGS.batch, FLAGS.seq, preds, devices=devices,
                      dropout=FLAGS.dropout, config_mesh=kind == "tpu")
     m = report["model"]
