@@ -132,9 +132,13 @@ def test_beam_options_need_a_beam_runner(tmp_path):
 
 
 def test_a_beam_runner_without_beam_says_how_to_install_it(tmp_path, monkeypatch):
-    # Beam absent, whether or not it is installed: its modules import as missing.
+    # Beam absent, whether or not it is installed (or already imported by the tests
+    # above): its modules import as missing, and the package forgets its submodule.
+    import data_prep
+
     for name in ("apache_beam", "data_prep.beam_pipeline"):
         monkeypatch.setitem(__import__("sys").modules, name, None)
+    monkeypatch.delattr(data_prep, "beam_pipeline", raising=False)
     with pytest.raises(InputError, match=r"needs Apache Beam.*pip install \.\[beam\]"):
         _create(SAMPLE[:1], tmp_path / "o", "DirectRunner")
     assert not (tmp_path / "o").exists()
