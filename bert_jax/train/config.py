@@ -390,7 +390,7 @@ def modernbert_model(**shapes) -> ml_collections.ConfigDict:
     positions (base 160,000 on global layers, 10,000 on local ones), GeGLU, no biases,
     pre-LN without layer 0's attention LayerNorm, a final LayerNorm, no token types, no
     pooler, a global layer every third with a 128-token window on the others, no dropout,
-    LayerNorm epsilon 1e-5."""
+    LayerNorm epsilon 1e-5, ModernBERT's init (scaled output projections)."""
     from bert_jax.models.config import model_config
 
     return model_config(**dict(
@@ -399,4 +399,5 @@ def modernbert_model(**shapes) -> ml_collections.ConfigDict:
              rope_theta=160_000.0, local_rope_theta=10_000.0, use_bias=False,
              norm_bias=False, pre_ln=True, layer0_attention_norm=False, pooler=False,
              global_attn_every_n_layers=3, local_attention=128, layer_norm_eps=1e-5,
-             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), **shapes))
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+             init_scheme="modernbert"), **shapes))
