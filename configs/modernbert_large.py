@@ -1,10 +1,14 @@
 """ModernBERT-large-style encoder (L=28, H=1024, A=16, 395M params), masked LM only.
 
 GeGLU 2,624, vocab 50,368, rotary positions, a global layer every third with a 128-token
-window on the others, 8,192-token context. Arguments as configs/modernbert_base.py:
+window on the others, 8,192-token context. Phases and arguments as configs/modernbert_base.py
+(phase 1: batch 4,928, lr 5e-4; `:long`: batch 616, lr 3e-4, 59k steps):
 
-    python launch/train.py --config=configs/modernbert_large.py --workdir=$W \
+    python launch/train.py --config=configs/modernbert_large.py --workdir=$W1 \
         --config.data.train_files=... --config.data.vocab_file=...
+    python launch/train.py --config=configs/modernbert_large.py:long --workdir=$W2 \
+        --config.train.init_checkpoint=$W1 --config.data.train_files=... \
+        --config.data.vocab_file=...
     python launch/train.py --config=configs/modernbert_large.py:tiny --workdir=/tmp/mbl_tiny
 """
 
@@ -14,6 +18,6 @@ from bert_jax.train.config import modernbert_model, modernbert_pretraining_confi
 def get_config(arg=None):
     model = modernbert_model(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
                              intermediate_size=2624)
-    # ModernBERT-large's batch: 4,928 sequences of 1,024 tokens; about 1.7 T tokens.
+    # ModernBERT-large's batch: 4,928 sequences of 1,024 tokens; about 1.7 T tokens at 5e-4.
     return modernbert_pretraining_config("modernbert_large", arg, model, batch_size=4928,
-                                         steps=340_000)
+                                         steps=340_000, lr=5e-4)

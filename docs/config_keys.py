@@ -160,6 +160,8 @@ DESCRIPTIONS = {
                                         "local; 0 or 1: every layer global.",
     "model.local_attention": "Window of the local layers: keys within `local_attention // 2` "
                              "of the query; 0: no local layers.",
+    "model.init_scheme": "Weight init: `bert` (initializer_range for all) or `modernbert` "
+                         "(outputs / sqrt(2 L), classifiers hidden_size ** -0.5).",
     "model.nsp": "Pre-training: train the next-sentence head too; False: masked LM only.",
 
     # --- data: bert_jax/data/pretrain.py data_config -------------------------------------

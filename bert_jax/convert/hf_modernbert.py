@@ -143,7 +143,7 @@ def config_from_hf(d: Mapping, source: str = "config.json") -> BertConfig:
         rope_theta=theta, local_rope_theta=local_theta,
         global_attn_every_n_layers=n if local else 0,
         local_attention=int(d.get("local_attention", 128)) if local else 0,
-        **ARCHITECTURE)
+        init_scheme="modernbert", **ARCHITECTURE)
 
 
 def config_to_hf(config: BertConfig, architectures=("ModernBertForMaskedLM",)) -> dict:

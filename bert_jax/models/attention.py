@@ -113,7 +113,7 @@ class BertSelfAttention(nn.Module):
         return DenseGeneral(
             features=c.hidden_size, axis=(-2, -1),
             dtype=c.compute_dtype, param_dtype=c.storage_dtype,
-            kernel_init=weight_init(c, ("heads", "kv", "embed")), use_bias=c.use_bias,
+            kernel_init=weight_init(c, ("heads", "kv", "embed"), "out"), use_bias=c.use_bias,
             bias_init=zeros_init(("embed",)), name="output")(ctx)
 
 

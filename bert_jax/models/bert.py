@@ -32,7 +32,7 @@ class BertModel(nn.Module):
         self.embeddings = BertEmbeddings(c)
         self.encoder = BertEncoder(c)
         if c.pooler:
-            self.pooler = dense(c, c.hidden_size, ("embed", "mlp"), "pooler", c.use_bias)
+            self.pooler = dense(c, c.hidden_size, ("embed", "mlp"), "pooler", c.use_bias, "out")
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None,
                  position_ids: Optional[jnp.ndarray] = None, deterministic: bool = True,

@@ -34,6 +34,7 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
 DTYPES = ("float32", "bfloat16", "float16")
 DROPOUT_RNGS = ("hash", "jax")
 POSITION_EMBEDDINGS = ("learned", "rotary")
+INIT_SCHEMES = ("bert", "modernbert")
 FFN_TYPES = ("dense", "geglu", "swiglu")
 # The activation of a gated FFN's input half: GeGLU takes a GELU, SwiGLU SiLU.
 FFN_ACTIVATIONS = {"geglu": ("gelu", "gelu_new", "gelu_tanh"), "swiglu": ("silu",)}
@@ -94,6 +95,9 @@ class BertConfig:
         i % N == 0 and local otherwise; a local layer's query at i attends the keys j
         with |i - j| <= local_attention // 2 (ModernBERT's window). 0 or 1: every layer global.
       type_vocab_size: 0 for no token-type embeddings (token_type_ids are then ignored).
+      init_scheme: "bert" (every weight a normal of std initializer_range cut at +-2 std) or
+        "modernbert" (output projections initializer_range / sqrt(2 L), classifier heads
+        hidden_size ** -0.5: bert_jax.models.layers.init_std).
     """
 
     vocab_size: int = 30522
@@ -134,6 +138,7 @@ class BertConfig:
     pooler: bool = True
     global_attn_every_n_layers: int = 0
     local_attention: int = 0
+    init_scheme: str = "bert"
 
     def __post_init__(self):
         for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -178,6 +183,9 @@ class BertConfig:
         if self.position_embedding not in POSITION_EMBEDDINGS:
             raise ConfigError(f"BertConfig.position_embedding={self.position_embedding!r}; "
                               f"expected one of {POSITION_EMBEDDINGS}")
+        if self.init_scheme not in INIT_SCHEMES:
+            raise ConfigError(f"BertConfig.init_scheme={self.init_scheme!r}; expected one of "
+                              f"{INIT_SCHEMES}")
         for key in ("rope_theta", "local_rope_theta"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 1:

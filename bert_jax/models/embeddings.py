@@ -50,7 +50,7 @@ class BertEmbeddings(nn.Module):
         c = self.config
         embed = lambda n, axes, name: nn.Embed(  # noqa: E731
             n, c.hidden_size, dtype=c.compute_dtype, param_dtype=c.storage_dtype,
-            embedding_init=weight_init(c, axes), name=name)
+            embedding_init=weight_init(c, axes, "embedding"), name=name)
         self.word_embeddings = embed(c.vocab_size, ("vocab", "embed"), "word_embeddings")
         # Rotary positions live in the attention; type_vocab_size=0 has no segment table.
         if c.position_embedding == "learned":

@@ -67,7 +67,7 @@ class BertLayer(nn.Module):
         intermediate = dense(c, width, ("embed", "mlp"), "intermediate", c.use_bias)
         gate = (dense(c, width, ("embed", "mlp"), "gate", c.use_bias)
                 if c.ffn_type != "dense" else None)
-        output = dense(c, c.hidden_size, ("mlp", "embed"), "output", c.use_bias)
+        output = dense(c, c.hidden_size, ("mlp", "embed"), "output", c.use_bias, "out")
         output_norm = layer_norm(c, "output_norm")
         act = activation(c.hidden_act)
 

@@ -28,7 +28,7 @@ class MaskedLMHead(nn.Module):
     def __call__(self, hidden, attend: Callable):
         """hidden: [batch, P, embed] -> <dtype>[batch, P, vocab]."""
         c = self.config
-        h = dense(c, c.hidden_size, ("embed", "mlp"), "transform", c.use_bias)(hidden)
+        h = dense(c, c.hidden_size, ("embed", "mlp"), "transform", c.use_bias, "out")(hidden)
         h = activation(c.hidden_act)(h)
         h = layer_norm(c, "transform_norm")(h)
         logits = attend(h)
@@ -50,4 +50,5 @@ class ClassifierHead(nn.Module):
         if self.dropout:
             x = Dropout(rate=self.config.hidden_dropout_prob,
                         impl=self.config.dropout_rng)(x, deterministic=deterministic)
-        return dense(self.config, self.num_labels, ("embed", "classes"), "dense")(x)
+        return dense(self.config, self.num_labels, ("embed", "classes"), "dense",
+                     role="classifier")(x)

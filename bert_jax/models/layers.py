@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import flax.linen as nn
@@ -30,10 +31,32 @@ def _with_logical_partitioning(fn, names):
     return wrapper
 
 
-def weight_init(config: BertConfig, axes: Sequence[str]):
-    """Truncated normal (+-2 std, std = initializer_range), as the original TF code."""
+INIT_ROLES = ("in", "out", "embedding", "classifier")
+
+
+def init_std(config: BertConfig, role: str = "in") -> float:
+    """The standard deviation (before truncation) of a weight of `role`: BERT's scheme
+    (init_scheme="bert") uses initializer_range for every weight. ModernBERT's ("modernbert",
+    transformers' ModernBertPreTrainedModel._init_weights): initializer_range for "in"
+    (query / key / value, the FFN input and gate) and "embedding"; initializer_range /
+    sqrt(2 * num_hidden_layers) for "out" (the attention and FFN outputs, the MLM transform,
+    the pooler), so the residual stream's variance does not grow with depth; hidden_size
+    ** -0.5 for "classifier" heads."""
+    if role not in INIT_ROLES:
+        raise ValueError(f"init role {role!r}; expected one of {INIT_ROLES}")
+    r = config.initializer_range
+    if config.init_scheme != "modernbert" or role in ("in", "embedding"):
+        return r
+    if role == "out":
+        return r / math.sqrt(2.0 * config.num_hidden_layers)
+    return config.hidden_size ** -0.5
+
+
+def weight_init(config: BertConfig, axes: Sequence[str], role: str = "in"):
+    """Truncated normal of std init_std(config, role), cut at +-2 std: the original TF
+    code's, and transformers' ModernBERT's (its initializer_cutoff_factor, 2.0)."""
     return _with_logical_partitioning(
-        nn.initializers.truncated_normal(stddev=config.initializer_range), tuple(axes))
+        nn.initializers.truncated_normal(stddev=init_std(config, role)), tuple(axes))
 
 
 def zeros_init(axes: Sequence[str]):
@@ -81,15 +104,15 @@ def add_bias(x, bias):
 
 
 def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
-          use_bias: bool = True) -> Dense:
+          use_bias: bool = True, role: str = "in") -> Dense:
     """A Dense layer whose kernel is named `axes` (in, out) and bias `axes[1]` (none when
-    `use_bias` is False)."""
+    `use_bias` is False); `role` picks the kernel's init std (init_std)."""
     return Dense(
         features,
         use_bias=use_bias,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
-        kernel_init=weight_init(config, axes),
+        kernel_init=weight_init(config, axes, role),
         bias_init=zeros_init(axes[1:]),
         name=name,
     )

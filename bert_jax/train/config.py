@@ -341,17 +341,32 @@ def paper_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,
 
 
 MODERNBERT_ARGS = (None, "", "long", "tiny")
+# ModernBERT's context extension (Warner et al., 2024, section 2.2.3): 300B tokens at length
+# 8,192 (250B at a constant 3e-4, then 50B decaying), the global layers' RoPE base raised
+# from 10,000 to 160,000.
+MODERNBERT_LONG_TOKENS = 300e9
+MODERNBERT_LONG_LR = 3e-4
 
 
 def modernbert_pretraining_config(name: str, arg, model: ml_collections.ConfigDict,
-                                  batch_size: int, steps: int) -> ml_collections.ConfigDict:
+                                  batch_size: int, steps: int,
+                                  lr: float = 8e-4) -> ml_collections.ConfigDict:
     """A ModernBERT-style pre-training run for `model`: masked LM only (no NSP), 30% of the
-    tokens masked on the fly (dynamic masking), AdamW at ModernBERT's peak rate and betas.
-    `arg`: None = length 1,024 (ModernBERT's first phase); "long" = length 8,192 (its
-    context extension; max_position_embeddings bounds it); "tiny" = `model` cut to 4
-    layers of width 128 at length 128, trained like configs/bert_tiny.py on the sample
-    corpus in minutes on a CPU. The optimizer is AdamW with a linear decay, not
-    ModernBERT's StableAdamW and trapezoidal schedule."""
+    tokens masked on the fly (dynamic masking), AdamW at ModernBERT's betas. `arg`:
+
+    None: phase 1, `steps` at length 1,024, batch `batch_size`, peak rate `lr`, RoPE base
+    10,000 on every layer (ModernBERT's first phase).
+    "long": its context extension at length 8,192, continuing phase 1 (point
+    train.init_checkpoint at phase 1's workdir): the global layers' RoPE base 160,000, a
+    batch of batch_size / 8 rows (the same tokens per step), 300B tokens, 3e-4. It takes
+    phase 1's params only (train.init_state="params": a fresh optimizer and step count),
+    as its rate, batch and length are its own. Rotary models have no position table, so
+    the two phases' tensors are the same; no train.init_extend_positions.
+    "tiny": `model` cut to 4 layers of width 128 at length 128, trained like
+    configs/bert_tiny.py on the sample corpus in minutes on a CPU.
+
+    The optimizer is AdamW with a warmup and a linear decay, not ModernBERT's StableAdamW
+    and warmup-stable-decay schedule; the warmups are ours."""
     if arg not in MODERNBERT_ARGS:
         raise ValueError(f"configs/{name}.py: unknown argument {arg!r}; use long or tiny")
     config = ml_collections.ConfigDict()
@@ -372,15 +387,22 @@ def modernbert_pretraining_config(name: str, arg, model: ml_collections.ConfigDi
             train=dict(batch_size=8, eval_batch_size=64, steps=2400, log_every=50,
                        eval_every=0, eval_steps=-1, deterministic=True),
             checkpoint=dict(every=800, keep=2))
-    length = 8192 if arg == "long" else 1024
+    long = arg == "long"
+    length = 8192 if long else 1024
+    if long:
+        batch_size = max(1, batch_size // 8)
+        steps = int(round(MODERNBERT_LONG_TOKENS / (batch_size * length), -3))
+        lr = MODERNBERT_LONG_LR
+    else:
+        config.model.rope_theta = 10_000.0   # phase 1's base; "long" raises it to 160,000
     config.data = data_config(max_seq_length=length,
                               max_predictions_per_seq=int(math.ceil(0.3 * length)),
                               dynamic_masking=True, masked_lm_prob=0.3)
     return add_training_sections(
         config, optimizer=dict(b1=0.9, b2=0.98, eps=1e-6, weight_decay=1e-5),
-        schedule=dict(lr=8e-4, warmup_steps=3_000, decay="linear"),
+        schedule=dict(lr=lr, warmup_steps=1_000 if long else 3_000, decay="linear"),
         train=dict(batch_size=batch_size, steps=steps, log_every=100, eval_every=10_000,
-                   eval_steps=100),
+                   eval_steps=100, init_state="params"),
         mesh=dict(data=-1, fsdp=1, tensor=1),
         checkpoint=dict(every=5_000, keep=3, keep_period=100_000))
 
@@ -390,7 +412,7 @@ def modernbert_model(**shapes) -> ml_collections.ConfigDict:
     positions (base 160,000 on global layers, 10,000 on local ones), GeGLU, no biases,
     pre-LN without layer 0's attention LayerNorm, a final LayerNorm, no token types, no
     pooler, a global layer every third with a 128-token window on the others, no dropout,
-    LayerNorm epsilon 1e-5."""
+    LayerNorm epsilon 1e-5, ModernBERT's init (scaled output projections)."""
     from bert_jax.models.config import model_config
 
     return model_config(**dict(
@@ -399,4 +421,5 @@ def modernbert_model(**shapes) -> ml_collections.ConfigDict:
              rope_theta=160_000.0, local_rope_theta=10_000.0, use_bias=False,
              norm_bias=False, pre_ln=True, layer0_attention_norm=False, pooler=False,
              global_attn_every_n_layers=3, local_attention=128, layer_norm_eps=1e-5,
-             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), **shapes))
+             hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+             init_scheme="modernbert"), **shapes))

@@ -11,7 +11,10 @@ Two shape changes are taken on purpose, each opted into (`Resize`; every other d
 is refused): a longer `max_position_embeddings` (train.init_extend_positions) and a larger
 vocabulary whose first entries are the checkpoint's own (train.init_extend_vocab). The old
 rows are copied unchanged; the new ones follow the rules of `grow_positions` and
-`grow_vocab`; the run's log names each tensor resized, its shapes and its rule.
+`grow_vocab`; the run's log names each tensor resized, its shapes and its rule. A rotary
+model (model.position_embedding="rotary") has no position table: it warm-starts at any
+max_position_embeddings with no option (ModernBERT's 1,024 -> 8,192 phases), and the
+positions option is refused for it as there is nothing to extend.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from bert_jax.models.params import stack_layers
 from bert_jax.train import checkpoint as ckpt_lib
 
 ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-             "intermediate_size", "type_vocab_size", "max_position_embeddings")
+             "intermediate_size", "type_vocab_size", "max_position_embeddings",
+             "position_embedding")
 
 
 class ArchitectureError(UserError, ValueError):
@@ -82,13 +86,22 @@ class Resize:
         return bool(self.positions or self.vocab)
 
 
+def rotary(config) -> bool:
+    """A model with rotary positions: no position table, so max_position_embeddings only
+    bounds the length (ModernBERT's 1,024 -> 8,192 context extension changes no tensor)."""
+    return getattr(config, "position_embedding", "learned") == "rotary"
+
+
 def check_architecture(theirs, ours, what: str, resize: Optional[Resize] = None) -> None:
     """BertConfigs `theirs` (a checkpoint's) and `ours` (config.model) agree on every key
     that shapes a tensor, except a longer max_position_embeddings or a larger vocab_size
-    that `resize` takes; else an ArchitectureError naming each differing key."""
+    that `resize` takes; else an ArchitectureError naming each differing key. Between two
+    rotary models max_position_embeddings shapes nothing and may differ either way."""
     resize = resize or Resize()
-    diff = {k: (getattr(theirs, k), getattr(ours, k)) for k in ARCH_KEYS
-            if getattr(theirs, k) != getattr(ours, k)}
+    diff = {k: (getattr(theirs, k, None), getattr(ours, k, None)) for k in ARCH_KEYS
+            if getattr(theirs, k, None) != getattr(ours, k, None)}
+    if rotary(theirs) and rotary(ours):
+        diff.pop("max_position_embeddings", None)
     grown = {"max_position_embeddings": resize.positions, "vocab_size": resize.vocab}
     diff = {k: v for k, v in diff.items() if not (grown.get(k) and v[1] > v[0])}
     if diff:
@@ -106,7 +119,14 @@ def check_architecture(theirs, ours, what: str, resize: Optional[Resize] = None)
 def check_warm_start(source: InitSource, ours, what: str,
                      resize: Optional[Resize] = None) -> None:
     """check_architecture, and for a larger vocabulary taken by `resize`, that the run's
-    vocabulary extends the checkpoint's (`vocab_extension`). Reads only small files."""
+    vocabulary extends the checkpoint's (`vocab_extension`). Reads only small files. A
+    position rule for a rotary model is refused: it has no table to extend."""
+    if resize is not None and resize.positions and rotary(ours):
+        raise ConfigError(
+            f"{what}: config.train.init_extend_positions={resize.positions!r}, but "
+            f"config.model.position_embedding='rotary' has no position table to extend; a "
+            f"rotary model warm-starts at any max_position_embeddings as it is: unset "
+            f"train.init_extend_positions")
     check_architecture(source.config, ours, what, resize)
     if resize is not None and resize.vocab and ours.vocab_size > source.config.vocab_size:
         vocab_extension(source, resize, ours.vocab_size, what)

@@ -32,7 +32,7 @@ def test_reads_and_writes_original_format(tmp_path):
                                               "rope_theta", "local_rope_theta", "ffn_type",
                                               "use_bias", "norm_bias", "layer0_attention_norm",
                                               "pooler", "global_attn_every_n_layers",
-                                              "local_attention"}
+                                              "local_attention", "init_scheme"}
     assert BertConfig.from_dict(full) == config
 
 

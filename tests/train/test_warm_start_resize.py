@@ -209,3 +209,55 @@ def test_rules_and_refusals_in_one_line(tmp_path):
         warm_start.check_shapes(source, abstract, None, warm_start.Resize(vocab="mean"))
     with pytest.raises(Exception, match="init_extend_vocab='avg'"):
         warm_start.Resize.from_config({"init_extend_vocab": "avg"})
+
+
+def test_rotary_model_warm_starts_at_128_positions_with_no_option(tmp_path, capsys):
+    """A rotary model has no position table: trained at max length 64, it warm-starts at
+    128 (ModernBERT's 1,024 -> 8,192 phases in small) with no init_extend_positions and
+    every tensor unchanged; the positions option is refused for it in one line; and a
+    learned-position checkpoint is refused for a rotary model (its table would be lost)."""
+    vocab = len(load_tokenizer(vocab_file=SAMPLE_VOCAB).vocab)
+    rotary = {"position_embedding": "rotary", "nsp": False}
+
+    def config(positions, steps=1, **train):
+        c = _config(positions, SAMPLE_VOCAB, vocab, steps=steps, **train)
+        c.model.update(rotary)
+        return c
+
+    phase1 = tmp_path / "phase1"
+    pretraining.run(config(64), str(phase1), make_train_data=_memory(64, vocab),
+                    make_eval_data=lambda c, w: None, progress=False)
+    before = _flat(open_source(str(phase1)).params)
+    assert not any("position_embeddings" in k for k in before)
+
+    long = config(128, init_checkpoint=str(phase1))
+    long.schedule.update(lr=0.0, warmup_steps=0, decay="constant")
+    capsys.readouterr()
+    pretraining.run(long, str(tmp_path / "long"), make_train_data=_memory(128, vocab),
+                    make_eval_data=lambda c, w: None, progress=False)
+    log = capsys.readouterr().out
+    assert f"warm start: ['bert', 'mlm'] from {phase1}" in log, log
+    assert "resized" not in log
+    after = _flat(open_source(str(tmp_path / "long")).params)
+    assert set(after) == set(before)
+    for key in sorted(before):
+        np.testing.assert_array_equal(after[key], before[key], err_msg=key)
+
+    # init_extend_positions on a rotary model: nothing to extend, one clear line.
+    with pytest.raises(warm_start.ConfigError) as err:
+        pretraining.run(config(128, init_checkpoint=str(phase1),
+                               init_extend_positions="repeat"),
+                        str(tmp_path / "refused"), make_train_data=_memory(128, vocab),
+                        make_eval_data=lambda c, w: None, progress=False)
+    msg = str(err.value)
+    assert "\n" not in msg and "no position table to extend" in msg, msg
+    assert "unset train.init_extend_positions" in msg
+
+    # Learned positions in the checkpoint, rotary in the run: refused, naming the key.
+    learned = open_source(str(phase1)).config.replace(position_embedding="learned")
+    with pytest.raises(warm_start.ArchitectureError, match="position_embedding"):
+        warm_start.check_architecture(learned, learned.replace(position_embedding="rotary"),
+                                      "where")
+    # Between two rotary models a shorter length is fine too (fine-tuning at 32).
+    theirs = open_source(str(phase1)).config
+    warm_start.check_architecture(theirs, theirs.replace(max_position_embeddings=32), "where")

@@ -6,7 +6,8 @@ With no `data.train_files`, TFRecords are built once, in process by data_prep, f
 `data.text_files` (one sentence per line, a blank line between documents) or else the sample
 corpus data_prep ships (the quick start), 1 document in 20 held out for evaluation. With
 `data.pack=True` the training files hold packed rows; the held-out ones stay unpacked, so
-evaluation compares with unpacked runs. They are cached in WORKDIR/sample_data/<lengths> or
+evaluation compares with unpacked runs. Both are masked at the run's `data.masked_lm_prob`,
+so the held-out set's fixed masks match what training sees. They are cached in WORKDIR/sample_data/<lengths> or
 WORKDIR/text_data/<lengths>_<hash of the files, vocabulary and casing>, reused by a restart;
 a bucket workdir gets them built locally and uploaded. Fine up to a few hundred MB of text;
 for more, run data_prep yourself and set `data.train_files`.
@@ -174,7 +175,11 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
     seq, pred = int(config.data.max_seq_length), int(config.data.max_predictions_per_seq)
     vocab, lower = config.data.vocab_file, bool(config.data.get("do_lower_case", True))
     pack = pack_options(config)
-    tag = f"len{seq}_pred{pred}" + (f"_pack{config.data.max_sequences_per_pack}" if pack else "")
+    # The files are masked at the run's rate (data.masked_lm_prob): the held-out set's fixed
+    # masks then match what training sees, dynamically re-masked or not.
+    mlm_prob = float(config.data.get("masked_lm_prob", 0.15))
+    tag = (f"len{seq}_pred{pred}" + (f"_pack{config.data.max_sequences_per_pack}" if pack else "")
+           + (f"_mlm{mlm_prob:g}" if mlm_prob != 0.15 else ""))
     spec = config.data.get("text_files", "")
     if spec:
         corpus = _text_corpus(spec)
@@ -221,7 +226,7 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
             options = cpd.Options(
                 input_file=text, output_file=output, num_output_shards=shards,
                 do_lower_case=lower, max_seq_length=seq, max_predictions_per_seq=pred,
-                masked_lm_prob=0.15, dupe_factor=SAMPLE_DUPE_FACTOR,
+                masked_lm_prob=mlm_prob, dupe_factor=SAMPLE_DUPE_FACTOR,
                 random_seed=12345 if name == "train" else 54321, num_workers=2,
                 progress=False, **vocab_option, **(pack if name == "train" else {}))
             try:
