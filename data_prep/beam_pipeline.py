@@ -58,6 +58,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from data_prep import paths as dp_paths
 from data_prep import pipeline
+from data_prep import prepare_corpus as pc
 
 _NAMESPACE = "data_prep"
 
@@ -282,8 +283,6 @@ def _local_copy(path: str, folder: str) -> str:
 
 def _read_file(item, options):
     """(file index, (path, format)) -> ((file index, document index), RawDoc)."""
-    from data_prep import prepare_corpus as pc
-
     i, (path, fmt) = item
     folder = tempfile.mkdtemp(prefix="data_prep-input-")
     try:
@@ -298,8 +297,6 @@ def _read_file(item, options):
 def _clean(item, options):
     """((i, j), RawDoc) -> ((i, j), the document's text or None, its record for the
     decisions: (reason, note, sentences, bytes out, digest, signature))."""
-    from data_prep import prepare_corpus as pc
-
     key, raw = item
     c = pc.clean_document(raw, options)
     if c.sentences is None:
@@ -324,8 +321,6 @@ def decide(records, options, inputs_bytes: int):
     """The local path's decisions in input order over every document's record: drops by
     reason, near duplicates (data_prep/dedup.py, stateful), the kept documents' positions.
     Returns (Summary, {key: kept index})."""
-    from data_prep import prepare_corpus as pc
-
     summary = pc.Summary()
     dedup = pc._deduplicator(options) if options.dedup else None
     kept = {}
@@ -416,8 +411,6 @@ def build_corpus(p, inputs: Sequence[tuple[str, str]], tmp_paths: Sequence[str],
 def corpus_inputs(spec: str, fmt: str, split: str) -> list[tuple[str, str]]:
     """prepare_corpus's (file, format) list, bucket URIs (gs://...) included: a URI is a
     file or a glob of files (a datasets folder must be local)."""
-    from data_prep import prepare_corpus as pc
-
     out = []
     for part in (p.strip() for p in (spec or "").split(",")):
         if not part:
@@ -438,8 +431,6 @@ def corpus_inputs(spec: str, fmt: str, split: str) -> list[tuple[str, str]]:
 
 def corpus_outputs(spec: str, num_shards: int) -> list[str]:
     """prepare_corpus's output names, a bucket prefix (gs://b/wiki/) included."""
-    from data_prep import prepare_corpus as pc
-
     if spec and "://" in spec and num_shards >= 1:
         if spec.endswith("/"):
             prefix = spec + "corpus"
@@ -455,8 +446,6 @@ def prepare(options, runner: str, beam_options: str = ""):
     """prepare_corpus.prepare's work on Beam `runner`: the same output bytes and Summary.
     Inputs and outputs may be in a bucket. PrepareError when nothing usable is left
     (nothing written then)."""
-    from data_prep import prepare_corpus as pc
-
     o = options
     t0 = time.time()
     pc.check_options(o)

@@ -179,7 +179,7 @@ def _beam(runner: str, beam_options: str):
         if beam_options:
             raise InputError("--beam_options needs a Beam --runner (e.g. DirectRunner)")
         return None
-    try:
+    try:  # here, not at the top: the local path never loads Apache Beam
         from data_prep import beam_pipeline
     except ImportError as e:
         raise InputError(f"--runner={runner} needs Apache Beam, which is not installed "

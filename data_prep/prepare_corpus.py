@@ -69,6 +69,8 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` importable
 from absl import app, flags  # noqa: E402
 from bert_jax.data.checks import files_named  # noqa: E402
 from bert_jax.errors import UserError  # noqa: E402
+from data_prep.dedup import Deduplicator, digest, normalize  # noqa: E402
+from data_prep.sentences import SentenceSplitter  # noqa: E402
 
 # Page markers (`### START: ...`, `p.772:0`, possibly followed by an editor's note) and
 # editor's notes on their own line (`[[ed: reformatted from the original]]`).
@@ -490,7 +492,6 @@ _STATE: dict = {}
 def _splitter(language: str):
     key = ("splitter", language)
     if key not in _STATE:
-        from data_prep.sentences import SentenceSplitter
         _STATE[key] = SentenceSplitter(language)
     return _STATE[key]
 
@@ -818,8 +819,6 @@ def output_paths(spec: str, num_shards: int) -> list[str]:
 
 
 def _deduplicator(options: Options):
-    from data_prep.dedup import Deduplicator
-
     return Deduplicator(threshold=options.dedup_threshold)
 
 
@@ -827,8 +826,6 @@ def fingerprint(sentences: list[str], options: Options) -> tuple:
     """The expensive half of deduplication, computed where the document is cleaned: the
     exact-duplicate digest of its normalized text and its MinHash signature
     (data_prep.dedup.digest, Deduplicator.signature)."""
-    from data_prep.dedup import digest, normalize
-
     key = ("dedup", options.dedup_threshold)
     if key not in _STATE:
         _STATE[key] = _deduplicator(options)
@@ -908,7 +905,7 @@ def nothing_usable(o: Options, summary: Summary) -> str:
 
 def _beam(runner: str):
     """data_prep.beam_pipeline, or PrepareError saying how to install Apache Beam."""
-    try:
+    try:  # here, not at the top: the local path never loads Apache Beam
         from data_prep import beam_pipeline
     except ImportError as e:
         raise PrepareError(f"--runner={runner} needs Apache Beam, which is not installed "

@@ -1,7 +1,7 @@
 """Imports run one way (WORKSPACE.md, "Import order"): a module imports only from its own
 layer or the layers before it, and a bert_jax / data_prep import sits inside a function
-only where it keeps TensorFlow or torch off a path that must not load them, with a comment
-(on its line or the two above) saying so. Static: the source is parsed, nothing imported."""
+only where it keeps TensorFlow, torch or Apache Beam off a path that must not load them, with
+a comment (on its line or the two above) saying so. Static: the source is parsed, nothing imported."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ LAYERS = [
     ("bert_jax.tasks",),
     ("launch", "configs"),
 ]
-HEAVY = ("tensorflow", "tensorflow_datasets", "torch", "transformers")
+HEAVY = ("tensorflow", "tensorflow_datasets", "torch", "transformers", "apache_beam")
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -77,8 +77,8 @@ def _resolve(name: str):
 
 @functools.lru_cache(maxsize=None)
 def _heavy(module: str, seen: frozenset = frozenset()) -> bool:
-    """Whether importing `module` loads TensorFlow or torch (its module-level imports,
-    and theirs)."""
+    """Whether importing `module` loads TensorFlow, torch or Apache Beam (its module-level
+    imports, and theirs)."""
     for name, _, inner in _imports(MODULES[module]):
         if inner:
             continue
@@ -100,7 +100,7 @@ def test_every_import_runs_one_way():
     assert not wrong, "\n".join(wrong)
 
 
-def test_imports_inside_functions_only_keep_tensorflow_or_torch_away():
+def test_imports_inside_functions_only_keep_tensorflow_torch_or_beam_away():
     wrong = []
     for module, path in MODULES.items():
         lines = path.read_text().splitlines()
@@ -109,10 +109,10 @@ def test_imports_inside_functions_only_keep_tensorflow_or_torch_away():
             if not inner or not target:
                 continue
             said = " ".join(lines[max(0, line - 3):line]).lower()
-            if not _heavy(target) or not ("tensorflow" in said or "torch" in said):
+            if not _heavy(target) or not any(w in said for w in ("tensorflow", "torch", "beam")):
                 wrong.append(f"{path.relative_to(REPO)}:{line}: {target} imported inside a "
                              f"function" + ("" if _heavy(target) else
-                                            " (it loads neither TensorFlow nor torch)"))
+                                            " (it loads none of TensorFlow, torch, Beam)"))
     assert not sorted(set(wrong)), "\n".join(sorted(set(wrong)))
 
 

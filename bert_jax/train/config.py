@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 import ml_collections
 
 from bert_jax.errors import UserError
-from bert_jax.models.config import ConfigError
+from bert_jax.models.config import ConfigError, model_config
 from bert_jax.sharding import DEFAULT_RULES
 from bert_jax.data.pretrain import data_config
 
@@ -413,8 +413,6 @@ def modernbert_model(**shapes) -> ml_collections.ConfigDict:
     pre-LN without layer 0's attention LayerNorm, a final LayerNorm, no token types, no
     pooler, a global layer every third with a 128-token window on the others, no dropout,
     LayerNorm epsilon 1e-5, ModernBERT's init (scaled output projections)."""
-    from bert_jax.models.config import model_config
-
     return model_config(**dict(
         dict(vocab_size=50368, max_position_embeddings=8192, type_vocab_size=0,
              hidden_act="gelu", ffn_type="geglu", position_embedding="rotary",
