@@ -42,6 +42,7 @@ if __package__ in (None, ""):  # run as a script: make `data_prep` and `bert_jax
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax.errors import UserError  # noqa: E402
+from data_prep import paths as dp_paths  # noqa: E402
 from data_prep import instances as inst  # noqa: E402
 from data_prep import pipeline  # noqa: E402
 from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs,  # noqa: E402
@@ -89,13 +90,8 @@ class Options:
         "per row (bert_jax/data/features.py).")
     max_sequences_per_pack: int = _opt(3, "With --pack: the most sequences one row holds (K).")
     progress: bool = _opt(True, "Show a progress bar.")
-    runner: str = _opt(
-        "local", "'local': this machine's processes (--num_workers). A Beam runner "
-        "(DirectRunner, DataflowRunner, FlinkRunner, SparkRunner; pip install .[beam]): the "
-        "same records from an Apache Beam pipeline, inputs and outputs local or in a bucket.")
-    beam_options: str = _opt(
-        "", "With a Beam --runner: its pipeline options as one string, e.g. '--project=P "
-        "--region=R --temp_location=gs://B/tmp'.")
+    runner: str = _opt("local", dp_paths.RUNNER_HELP.format(what="records"))
+    beam_options: str = _opt("", dp_paths.BEAM_OPTIONS_HELP)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,13 @@ from bert_jax.data.checks import files_named
 
 # What the corpus tools read (the original create_pretraining_data.py's input format).
 TEXT_FORMAT = "UTF-8 text, one sentence per line, a blank line between documents"
+# The --runner and --beam_options help of both tools (prepare_corpus, create_pretraining_data).
+RUNNER_HELP = ("'local': this machine's processes (--num_workers). A Beam runner "
+               "(DirectRunner, DataflowRunner, FlinkRunner, SparkRunner; pip install .[beam]): "
+               "the same {what} from an Apache Beam pipeline, inputs and outputs local or in a "
+               "bucket.")
+BEAM_OPTIONS_HELP = ("With a Beam --runner: its pipeline options as one string, e.g. "
+                     "'--project=P --region=R --temp_location=gs://B/tmp'.")
 
 
 def size(path: str) -> int:

@@ -69,6 +69,7 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` importable
 from absl import app, flags  # noqa: E402
 from bert_jax.data.checks import files_named  # noqa: E402
 from bert_jax.errors import UserError  # noqa: E402
+from data_prep import paths as dp_paths  # noqa: E402
 from data_prep.dedup import Deduplicator, digest, normalize  # noqa: E402
 from data_prep.sentences import SentenceSplitter  # noqa: E402
 
@@ -198,13 +199,8 @@ class Options:
     chunk_size_mb: float = _opt(1.0, "Input handed to a worker at a time (MB).")
     paragraphs_per_doc: int = _opt(4, "sample: paragraphs per document for prose.")
     progress: bool = _opt(True, "Show a progress bar.")
-    runner: str = _opt(
-        "local", "'local': this machine's processes (--num_workers). A Beam runner "
-        "(DirectRunner, DataflowRunner, FlinkRunner, SparkRunner; pip install .[beam]): the "
-        "same output from an Apache Beam pipeline, inputs and outputs local or in a bucket.")
-    beam_options: str = _opt(
-        "", "With a Beam --runner: its pipeline options as one string, e.g. '--project=P "
-        "--region=R --temp_location=gs://B/tmp'.")
+    runner: str = _opt("local", dp_paths.RUNNER_HELP.format(what="output"))
+    beam_options: str = _opt("", dp_paths.BEAM_OPTIONS_HELP)
 
 
 class RawDoc(NamedTuple):

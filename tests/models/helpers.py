@@ -1,5 +1,6 @@
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax.models import BertConfig
 
@@ -18,3 +19,13 @@ def random_batch(config: BertConfig, batch=3, length=16, seed=0):
     mask = (jnp.arange(length)[None, :] < lengths[:, None]).astype(jnp.int32)
     types = ((jnp.arange(length)[None, :] >= lengths[:, None] // 2) & (mask > 0)).astype(jnp.int32)
     return ids * mask, mask, types
+
+
+def assert_close(got, want, rtol=1e-5, names=("out", "dq", "dk", "dv")):
+    """Attention outputs and gradients against a reference's, each named; every reference
+    must carry a real signal (not zeros against zeros)."""
+    for name, g, w in zip(names, got, want):
+        w = np.asarray(w)
+        assert np.abs(w).max() > 0.1, name
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6 * max(1.0, np.abs(w).max()),
+                                   err_msg=name)

@@ -12,6 +12,7 @@ import pytest
 
 from bert_jax.models.attention_ops import pallas_flash, xla
 from bert_jax.models.dropout import Dropout, keep_mask
+from tests.models.helpers import assert_close
 
 KEY = jax.random.key(7)  # the flax "dropout" rng of the call
 
@@ -60,14 +61,6 @@ def _value_and_grads(fn, q, k, v, w):
     return (out, *vjp(w))
 
 
-def _assert_close(got, want, rtol=1e-5, names=("out", "dq", "dk", "dv")):
-    for name, g, w in zip(names, got, want):
-        w = np.asarray(w)
-        assert np.abs(w).max() > 0.1, name  # a real signal, not zeros against zeros
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6 * max(1.0, np.abs(w).max()),
-                                   err_msg=name)
-
-
 @pytest.mark.parametrize("length, rate", [(32, 0.0), (32, 0.1), (24, 0.5)])
 def test_matches_reference_with_padding_and_dropout(length, rate):
     # 32: two 16-blocks each way; 24: padded to 32 inside (the hash rows keep q_len = 24).
@@ -76,7 +69,7 @@ def test_matches_reference_with_padding_and_dropout(length, rate):
     assert int(kv_seg[-1].sum()) == 0 and 0 < int(kv_seg[1].sum()) < length
     want = _value_and_grads(lambda *a: _reference(*a, q_seg, kv_seg, rate), q, k, v, w)
     got = _value_and_grads(lambda *a: _kernel(*a, q_seg, kv_seg, rate), q, k, v, w)
-    _assert_close(got, want)
+    assert_close(got, want)
     # the row with no real key is the uniform average of all values, as in the reference
     if rate == 0:
         np.testing.assert_allclose(got[0][-1], jnp.broadcast_to(v[-1].mean(0), v[-1].shape),
@@ -135,7 +128,7 @@ def test_packed_segments_are_block_diagonal():
     seg = jnp.asarray(seg)
     want = _value_and_grads(lambda *a: _reference(*a, seg, seg, rate), q, k, v, w)
     got = _value_and_grads(lambda *a: _kernel(*a, seg, seg, rate), q, k, v, w)
-    _assert_close(got, want)
+    assert_close(got, want)
     # and it is not the padding-only answer (segment 2 would see segment 1's keys)
     padding_only = _kernel(q, k, v, jnp.ones_like(seg), (seg > 0).astype(jnp.int32), rate)
     assert np.abs(np.asarray(padding_only[0, :24]) - np.asarray(want[0][0, :24])).max() > 0.1
@@ -186,7 +179,7 @@ def test_tuning_options_keep_outputs_and_gradients(options):
             *a, q_seg, kv_seg, dropout_rate=rate, seeds=_seeds(rate), **kw), q, k, v, w)
 
     base = run()
-    _assert_close(run(**options), base)
+    assert_close(run(**options), base)
     if options.get("num_warps"):  # a block longer than the padded length is cut to it
         for got, want in zip(run(block_q=64, block_k=128, num_warps=8), base):
             np.testing.assert_array_equal(got, want)

@@ -17,7 +17,7 @@ import pytest
 from bert_jax.models import attention_ops
 from bert_jax.models.attention_ops import AttentionConfigError, pallas_flash, resolve, xla
 from bert_jax.models.dropout import Dropout
-from tests.models.helpers import tiny_config
+from tests.models.helpers import assert_close, tiny_config
 
 KEY = jax.random.key(7)  # the flax "dropout" rng of the call
 BLOCKS = dict(block_q=16, block_k=16)
@@ -79,14 +79,6 @@ def _value_and_grads(fn, q, k, v, w):
     return run(q, k, v, w)
 
 
-def _assert_close(got, want, rtol=1e-5, names=("out", "dq", "dk", "dv")):
-    for name, g, w in zip(names, got, want):
-        w = np.asarray(w)
-        assert np.abs(w).max() > 0.1, name  # a real signal, not zeros against zeros
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6 * max(1.0, np.abs(w).max()),
-                                   err_msg=name)
-
-
 # ------------------------------------------------------------------------- the reference
 
 
@@ -145,7 +137,7 @@ def test_pallas_window_equals_xla_with_padding(length, window, rate):
     mask = _padding(length, [length, length - 20, 0])
     want = _value_and_grads(lambda *a: _reference(*a, mask, window, rate), q, k, v, w)
     got = _value_and_grads(lambda *a: _pallas(*a, mask, window, rate), q, k, v, w)
-    _assert_close(got, want)
+    assert_close(got, want)
     glob = _value_and_grads(lambda *a: _reference(*a, mask, 0, rate), q, k, v, w)
     assert np.abs(np.asarray(got[0]) - np.asarray(glob[0])).max() > 0.1  # a window applied
 
@@ -159,7 +151,7 @@ def test_pallas_window_equals_xla_with_packed_rows(length, window, rate):
     seq = _packed(length, [(13, 20, 9), (length - 7,)])
     want = _value_and_grads(lambda *a: _reference(*a, seq, window, rate), q, k, v, w)
     got = _value_and_grads(lambda *a: _pallas(*a, seq, window, rate), q, k, v, w)
-    _assert_close(got, want)
+    assert_close(got, want)
     # the window and the packing both matter here
     unpacked = _reference(q, k, v, seq > 0, window, rate)
     assert np.abs(np.asarray(got[0]) - np.asarray(unpacked)).max() > 0.1
@@ -178,7 +170,7 @@ def test_pallas_window_block_options(options):
     mask = _padding(length, [length, 41])
     want = _value_and_grads(lambda *a: _reference(*a, mask, window, rate), q, k, v, w)
     got = _value_and_grads(lambda *a: _pallas(*a, mask, window, rate, **options), q, k, v, w)
-    _assert_close(got, want)
+    assert_close(got, want)
 
 
 @pytest.mark.slow
@@ -266,7 +258,7 @@ def test_skipped_blocks_are_never_read():
     want = _value_and_grads(lambda *a: _reference(*a, mask, window), q, k, v, w)
     out, dq, dk, dv = (np.asarray(x) for x in got)
     assert np.isnan(out[:, 32:48]).all()
-    _assert_close((out[:, :32], dq[:, :32], dk[:, :16], dv[:, :16]),
+    assert_close((out[:, :32], dq[:, :32], dk[:, :16], dv[:, :16]),
                   (want[0][:, :32], want[1][:, :32], want[2][:, :16], want[3][:, :16]))
     # the global kernel reads every block: all NaN
     assert np.isnan(np.asarray(jax.jit(lambda *a: _pallas(*a, mask, 0))(*bad))[:, :32]).all()
@@ -294,7 +286,7 @@ def test_pallas_window_at_larger_sizes(length, window, packed, rate):
         dropout_key=_dropout_key(rate) if rate else None,
         pallas_options=dict(block_q=64, block_k=32, bwd_block_q=32, bwd_block_k=64),
         window=window), q, k, v, w)
-    _assert_close(got, want)
+    assert_close(got, want)
 
 
 # ----------------------------------------------------------------------- splash (TPU)
@@ -381,7 +373,7 @@ def test_splash_window_equals_xla_in_interpret_mode(packed):
     got = _value_and_grads(lambda *a: splash_tpu.attention(*a, mask, window=window,
                                                            interpret=True), q, k, v, w)
     keep = real[:, :, None, None]
-    _assert_close([np.where(keep, g, 0) for g in got], [np.where(keep, x, 0) for x in want])
+    assert_close([np.where(keep, g, 0) for g in got], [np.where(keep, x, 0) for x in want])
 
 
 # ----------------------------------------------------------------------------- dispatch
