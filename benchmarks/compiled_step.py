@@ -76,6 +76,18 @@ def define_step_flags() -> None:
     flags.mark_flags_as_required(["config"])
 
 
+def from_flags(flags):
+    """(config, devices, MLM slots) of the flags define_step_flags defines: the run config
+    with model.dtype set to --dtype, the --target's devices, and --predictions or the
+    config's masking rate times --seq."""
+    devices = target_devices(flags.target, flags.gpu_target_config)
+    config = flags.config
+    with config.unlocked():
+        config.model.dtype = flags.dtype
+    rate = config.data.get("masked_lm_prob", 0.15) if "data" in config else 0.15
+    return config, devices, predictions_for(flags.seq, flags.predictions, rate)
+
+
 def predictions_for(seq: int, predictions: int | None, masked_lm_prob: float = 0.15) -> int:
     """MLM slots per example: `predictions`, else ceil(masked_lm_prob * seq) (the config's
     data.masked_lm_prob: 0.15 for BERT, 0.3 for the ModernBERT configs)."""

@@ -525,13 +525,7 @@ def _short(shape: str) -> str:
 
 def main(argv):
     del argv
-    devices = compiled_step.target_devices(FLAGS.target, FLAGS.gpu_target_config)
-    config = FLAGS.config
-    with config.unlocked():
-        config.model.dtype = FLAGS.dtype
-    preds = compiled_step.predictions_for(
-        FLAGS.seq, FLAGS.predictions,
-        config.data.get("masked_lm_prob", 0.15) if "data" in config else 0.15)
+    config, devices, preds = compiled_step.from_flags(FLAGS)
     compiled, mcfg, compile_s = compiled_step.compile_step(
         config, FLAGS.batch, FLAGS.seq, preds, devices, dropout=FLAGS.dropout,
         config_mesh=compiled_step.parse_target(FLAGS.target)[0] == "tpu")

@@ -78,13 +78,7 @@ def analyze(config, batch: int, seq: int, preds: int, devices, *, dropout: bool 
 def main(argv):
     del argv
     kind, topology = compiled_step.parse_target(FLAGS.target)
-    devices = compiled_step.target_devices(FLAGS.target, FLAGS.gpu_target_config)
-    config = FLAGS.config
-    with config.unlocked():
-        config.model.dtype = FLAGS.dtype
-    preds = compiled_step.predictions_for(
-        FLAGS.seq, FLAGS.predictions,
-        config.data.get("masked_lm_prob", 0.15) if "data" in config else 0.15)
+    config, devices, preds = compiled_step.from_flags(FLAGS)
     report = analyze(config, FLAGS.batch, FLAGS.seq, preds, devices=devices,
                      dropout=FLAGS.dropout, config_mesh=kind == "tpu")
     m = report["model"]
