@@ -63,6 +63,23 @@ from data_prep import prepare_corpus as pc
 _NAMESPACE = "data_prep"
 
 
+
+def pipeline_options(runner: str, beam_options: str = "") -> PipelineOptions:
+    """The PipelineOptions of --runner and --beam_options, checked before any work starts:
+    ValueError in one line for a runner Beam does not know or options that do not parse."""
+    from apache_beam.runners.runner import create_runner
+
+    try:
+        create_runner(runner)
+    except ValueError:
+        raise ValueError(f"--runner={runner}: not a Beam runner; use local, DirectRunner, "
+                         f"DataflowRunner, FlinkRunner, SparkRunner or a PipelineRunner "
+                         f"subclass's qualified name") from None
+    try:
+        return PipelineOptions([f"--runner={runner}"] + shlex.split(beam_options))
+    except ValueError as e:
+        raise ValueError(f"--beam_options={beam_options!r}: {e}") from None
+
 def _open(path: str):
     # Raw bytes as the local path reads them: no decompression guessed from the name.
     return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
@@ -236,7 +253,7 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: pipeline.
     t0 = time.time()
     token = uuid.uuid4().hex[:12]
     tmp_paths = [f"{p}.tmp-beam-{token}" for p in output_paths]
-    options = PipelineOptions([f"--runner={runner}"] + shlex.split(beam_options))
+    options = pipeline_options(runner, beam_options)
     committed = False
     try:
         with beam.Pipeline(options=options) as p:
@@ -457,8 +474,7 @@ def prepare(options, runner: str, beam_options: str = ""):
     tmp_paths = [f"{p}.tmp-beam-{token}" for p in outputs]
     summary_path = f"{outputs[0]}.summary-beam-{token}"
     try:
-        with beam.Pipeline(options=PipelineOptions(
-                [f"--runner={runner}"] + shlex.split(beam_options))) as p:
+        with beam.Pipeline(options=pipeline_options(runner, beam_options)) as p:
             build_corpus(p, inputs, tmp_paths, o, inputs_bytes, summary_path)
         with _open(summary_path) as f:
             summary = pickle.loads(f.read())

@@ -180,6 +180,10 @@ def _beam(runner: str, beam_options: str):
     except ImportError as e:
         raise InputError(f"--runner={runner} needs Apache Beam, which is not installed "
                          f"({e}); pip install .[beam], or --runner=local") from None
+    try:
+        beam_pipeline.pipeline_options(runner, beam_options)
+    except ValueError as e:
+        raise InputError(str(e)) from None
     return beam_pipeline
 
 

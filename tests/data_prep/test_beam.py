@@ -229,3 +229,16 @@ def test_prepare_corpus_without_dedup_and_nothing_usable(tmp_path):
     with pytest.raises(pc.PrepareError, match="nothing usable: 2 document"):
         _prepare(tmp_path / "bad.jsonl", tmp_path / "out" / "o.txt", "DirectRunner")
     assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+
+
+@needs_beam
+def test_an_unknown_runner_or_bad_options_stop_both_tools_before_any_work(tmp_path):
+    from data_prep import prepare_corpus as pc
+
+    with pytest.raises(InputError, match=r"--runner=Bogus: not a Beam runner"):
+        _create(SAMPLE[:1], tmp_path / "o", "Bogus")
+    with pytest.raises(InputError, match=r"--beam_options=.*No closing quotation"):
+        _create(SAMPLE[:1], tmp_path / "o", "DirectRunner", beam_options="--project='p")
+    with pytest.raises(pc.PrepareError, match=r"--runner=Bogus: not a Beam runner"):
+        _prepare(SAMPLE[0], tmp_path / "t.txt", "Bogus")
+    assert not list(tmp_path.iterdir())
