@@ -70,7 +70,7 @@ from absl import app, flags  # noqa: E402
 from bert_jax.data.checks import files_named  # noqa: E402
 from bert_jax.errors import UserError  # noqa: E402
 from data_prep import paths as dp_paths  # noqa: E402
-from data_prep.dedup import Deduplicator, digest, normalize  # noqa: E402
+from data_prep.dedup import Deduplicator, DiskDeduplicator, digest, normalize  # noqa: E402
 from data_prep.sentences import SentenceSplitter  # noqa: E402
 
 # Page markers (`### START: ...`, `p.772:0`, possibly followed by an editor's note) and
@@ -814,8 +814,11 @@ def output_paths(spec: str, num_shards: int) -> list[str]:
     return [f"{prefix}-{i:05d}-of-{num_shards:05d}.txt" for i in range(num_shards)]
 
 
-def _deduplicator(options: Options):
-    return Deduplicator(threshold=options.dedup_threshold)
+def _deduplicator(options: Options, folder: str | None = None):
+    """The in-memory Deduplicator, or with a folder the DiskDeduplicator spooling to it."""
+    if folder is None:
+        return Deduplicator(threshold=options.dedup_threshold)
+    return DiskDeduplicator(folder, threshold=options.dedup_threshold)
 
 
 def fingerprint(sentences: list[str], options: Options) -> tuple:
@@ -931,17 +934,25 @@ def prepare(options: Options) -> Summary:
     workers = o.num_workers or cores or 1
     t0 = time.time()
     summary = Summary(outputs=outputs)
-    dedup = _deduplicator(o) if o.dedup else None
     progress = _Progress()
     total = sum(os.path.getsize(p) for p, _ in inputs)
     bar = tqdm(total=total, unit="B", unit_scale=True, disable=not o.progress,
                desc="prepare_corpus", file=sys.stderr)
     tmps = [f"{p}.tmp-{os.getpid()}" for p in outputs]
-    files, pool = [], None
+    files, pool, spool = [], None, None
+
+    def write(text: bytes, sentences: int) -> None:
+        files[summary.kept % len(files)].write(text)
+        summary.kept += 1
+        summary.sentences += sentences
+        summary.bytes_out += len(text)
+
     try:
         for p in outputs:
             os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-        files = [open(t, "w", encoding="utf-8") for t in tmps]
+        files = [open(t, "wb") for t in tmps]
+        if o.dedup:
+            spool = _deduplicator(o, f"{tmps[0]}.dedup")
         chunks = _chunks(inputs, o, progress)
         if workers <= 1:
             results = ((_clean_chunk(c, o), pos) for c, pos in chunks)
@@ -953,23 +964,25 @@ def prepare(options: Options) -> Summary:
         for cleaned, position in results:
             for c, fp in cleaned:
                 summary.documents += 1
-                reason = c.reason
-                if reason is None and dedup is not None:
-                    found = check_fingerprint(dedup, *fp)
-                    reason = f"{found} duplicate" if found else None
-                if reason is not None:
-                    summary.dropped[reason] += 1
+                if c.reason is not None:
+                    summary.dropped[c.reason] += 1
                     if c.note and len(summary.bad) < _MAX_NOTES:
                         summary.bad.append(c.note)
                     continue
-                text = format_document(c.sentences)
-                files[summary.kept % len(files)].write(text)
-                summary.kept += 1
-                summary.sentences += len(c.sentences)
-                summary.bytes_out += len(text.encode("utf-8"))
+                text = format_document(c.sentences).encode("utf-8")
+                if spool is not None:  # decided at the end, over all documents
+                    spool.add(*fp, text, len(c.sentences))
+                else:
+                    write(text, len(c.sentences))
             bar.update(position - done)
             done = position
         summary.bytes_in = progress.done
+        if spool is not None:
+            spool.finish()
+            summary.dropped["exact duplicate"] += spool.exact
+            summary.dropped["near duplicate"] += spool.near
+            for text, sentences in spool.kept_payloads():
+                write(text, sentences)
         if not summary.kept:
             raise PrepareError(nothing_usable(o, summary))
         for f in files:
@@ -985,6 +998,8 @@ def prepare(options: Options) -> Summary:
         raise
     finally:
         bar.close()
+        if spool is not None:
+            spool.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     summary.seconds = time.time() - t0
