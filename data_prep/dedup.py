@@ -6,6 +6,8 @@
             keep(doc)
     print(dedup.kept, dedup.exact, dedup.near)
 
+DiskDeduplicator makes the same decisions out of core, all at the end (its docstring).
+
 `check(text)` returns None for a new document (and remembers it), "exact" when the
 text equals a kept one after normalization (Unicode casefold, every run of whitespace made
 one space, leading and trailing whitespace dropped), and "near" when the estimated Jaccard
@@ -31,11 +33,16 @@ shingles at once from prefix sums; the permutations are affine maps mod 2^32 wit
 multipliers, datasketch's "affine32" scheme), and a band table maps a 64-bit key to a
 document number.
 
-Memory per kept document: its signature (4 bytes x `num_perm`, in blocks of a numpy
-array), an entry in each of the `b` band tables (a 64-bit key object and a dict slot) and
-a 128-bit digest of the normalized text in a set: about 1.5 KB at the defaults, about
-9 GB for English Wikipedia. Dedup is per process: run it where all documents pass (the
-front door's single writer), or shard the corpus by a hash of the text first.
+Memory. Deduplicator keeps, per kept document, its signature (4 bytes x `num_perm`, in
+blocks of a numpy array), an entry in each of the `b` band tables (a 64-bit key object and
+a dict slot) and a 128-bit digest in a set: about 1.5 KB at the defaults, about 9 GB for
+English Wikipedia. DiskDeduplicator gives the same answers in memory that grows only with
+the documents that share a key with another (duplicates, false candidates): it spools them
+to disk (a copy of each document's payload plus about 0.9 KB: its signature and an entry
+per band and for its digest), groups the entries by key one hash partition at a time, and
+runs the greedy rule (`greedy`) over just the documents that share a key with another; the
+corpus front door uses it. Either is one sequential pass in input order: the Beam pipeline
+groups the keys on its workers and sends only the documents of shared keys to that pass.
 """
 
 from __future__ import annotations
@@ -403,13 +410,13 @@ class DiskDeduplicator(MinHasher):
         del found
         order = np.lexsort((groups, docs))
         docs, groups, is_digest = docs[order], groups[order], is_digest[order]
-        starts = np.flatnonzero(np.diff(docs, prepend=-1)).tolist() + [len(docs)]
-        docs, groups, is_digest = docs.tolist(), groups.tolist(), is_digest.tolist()
+        starts = np.append(np.flatnonzero(np.diff(docs, prepend=-1)), len(docs))
 
-        def members():
-            for s, e in zip(starts[:-1], starts[1:]):
-                exact = next((groups[i] for i in range(s, e) if is_digest[i]), None)
-                yield docs[s], exact, [groups[i] for i in range(s, e) if not is_digest[i]]
+        def members():  # numpy arrays, not lists of Python ints: a third of the memory
+            for s, e in zip(starts[:-1].tolist(), starts[1:].tolist()):
+                g, digests = groups[s:e], is_digest[s:e]
+                exact = int(g[digests][0]) if digests.any() else None
+                yield int(docs[s]), exact, g[~digests].tolist()
 
         sigs = (np.memmap(self._sig_path, np.uint32, "r", shape=(self.documents,
                                                                  self.num_perm))

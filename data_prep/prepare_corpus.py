@@ -38,13 +38,16 @@ The stages, for engines that run them elsewhere (Apache Beam):
   * `fingerprint(sentences, options)`: pure, the expensive half of deduplication (the
     digest and MinHash signature of `dedup_text(sentences)`), done beside the cleaning;
   * `check_fingerprint(deduplicator, digest, signature)`: stateful, Deduplicator.check
-    (data_prep/dedup.py) of that fingerprint; the kept documents in input order;
+    (data_prep/dedup.py) of that fingerprint, in memory; `minhasher(options).band_keys`
+    and data_prep.dedup.greedy decide the same over keys grouped elsewhere;
   * `format_document(sentences)`: the output text of one document.
 `prepare(options)` runs them locally: chunks of documents cleaned and fingerprinted by
---num_workers processes, results taken in input order, deduplicated and written
-round-robin into --num_output_shards files by this process, so the output is the same
-bytes for any worker count. Outputs are written under temporary names and renamed at the
-end.
+--num_workers processes, results taken in input order by this process. With --dedup they
+are spooled to disk (data_prep/dedup.py's DiskDeduplicator: memory that does not grow
+with the corpus; beside the output, a copy of the documents' text plus about 0.9 KB per
+document) and decided once all are read; the kept ones are written round-robin into
+--num_output_shards files, so the output is the same bytes for any worker count. Outputs
+are written under temporary names and renamed at the end; the spool is removed.
 """
 
 from __future__ import annotations
@@ -821,15 +824,20 @@ def _deduplicator(options: Options, folder: str | None = None):
     return DiskDeduplicator(folder, threshold=options.dedup_threshold)
 
 
+def minhasher(options: Options):
+    """The signatures' and LSH band keys' parameters of --dedup_threshold (one per process)."""
+    key = ("dedup", options.dedup_threshold)
+    if key not in _STATE:
+        _STATE[key] = _deduplicator(options)
+    return _STATE[key]
+
+
 def fingerprint(sentences: list[str], options: Options) -> tuple:
     """The expensive half of deduplication, computed where the document is cleaned: the
     exact-duplicate digest of its normalized text and its MinHash signature
     (data_prep.dedup.digest, Deduplicator.signature)."""
-    key = ("dedup", options.dedup_threshold)
-    if key not in _STATE:
-        _STATE[key] = _deduplicator(options)
     norm = normalize(dedup_text(sentences))
-    return digest(norm), _STATE[key].signature(norm)
+    return digest(norm), minhasher(options).signature(norm)
 
 
 def check_fingerprint(dedup, text_digest: int, signature) -> str | None:
