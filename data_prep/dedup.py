@@ -241,10 +241,12 @@ def greedy(members, signature, min_equal: int):
 _ENTRY = np.dtype([("k1", "<u8"), ("k2", "<u8"), ("doc", "<u8"), ("band", "<u2")])
 _SPOOL_HEADER = struct.Struct("<QQ")  # a spooled payload's length and its caller's integer
 _MASK64 = (1 << 64) - 1
+_MAX_SPLITS = 8  # times a partition is split again; past that it is read whole
 
 
 class DiskDeduplicator(MinHasher):
-    """Deduplicator's decisions with memory that does not grow with the documents.
+    """Deduplicator's decisions, made at the end, in memory that grows with the duplicates
+    (and false LSH candidates) only, not with all the documents.
 
         with DiskDeduplicator(folder) as d:
             for doc in docs:
@@ -279,10 +281,17 @@ class DiskDeduplicator(MinHasher):
         self.partition_bytes = partition_bytes
         self.split_partitions = 0  # partitions that were over partition_bytes
         os.makedirs(folder, exist_ok=True)
-        self._spool = open(os.path.join(folder, "spool"), "wb")
+        self._spool = self._sig_file = None
+        self._runs: list = []
         self._sig_path = os.path.join(folder, "signatures")
-        self._sig_file = open(self._sig_path, "wb")
-        self._runs = [open(self._run_path(j), "wb") for j in range(partitions)]
+        try:
+            self._spool = open(os.path.join(folder, "spool"), "wb")
+            self._sig_file = open(self._sig_path, "wb")
+            for j in range(partitions):
+                self._runs.append(open(self._run_path(j), "wb"))
+        except BaseException:
+            self.close()
+            raise
         self._sig_buf = np.empty((block, num_perm), np.uint32)
         self._dig_buf = np.empty((block, 2), np.uint64)
         self._fill = 0
@@ -358,7 +367,7 @@ class DiskDeduplicator(MinHasher):
         """Appends (docs, group ids, is digest group) of the shared keys in a partition
         file to `out`, splitting the file first when it is over partition_bytes."""
         size = os.path.getsize(path)
-        if size > self.partition_bytes and depth < 8:
+        if size > self.partition_bytes and depth < _MAX_SPLITS:
             self.split_partitions += 1
             children = [self._run_path(j, path) for j in range(self.partitions)]
             files = [open(c, "wb") for c in children]
@@ -372,7 +381,7 @@ class DiskDeduplicator(MinHasher):
             sizes = [os.path.getsize(c) for c in children]
             # One key in every entry (the same document many times over) does not split:
             # it is read whole, as the state for it grows with its documents anyway.
-            deeper = depth + 1 if max(sizes) < size else 8
+            deeper = depth + 1 if max(sizes) < size else _MAX_SPLITS
             for c in children:
                 self._groups(c, deeper, out)
             return
@@ -455,5 +464,6 @@ class DiskDeduplicator(MinHasher):
     def close(self) -> None:
         """Removes the folder and everything in it."""
         for f in [self._spool, self._sig_file] + self._runs:
-            f.close()
+            if f is not None:
+                f.close()
         shutil.rmtree(self.folder, ignore_errors=True)
