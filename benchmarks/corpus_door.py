@@ -14,7 +14,7 @@ other work runs, the wall-clock figures are noisy.
 
     python benchmarks/corpus_door.py                 # 20 MB, 1 and 2 workers
     python benchmarks/corpus_door.py --mb=40 --workers=2   # peak memory against --mb=20
-    python benchmarks/corpus_door.py --mb=40 --nodedup     # without the dedup index
+    python benchmarks/corpus_door.py --mb=40 --nodedup     # without deduplication
 
 Targets: >= 2 MB/s per core for JSON lines, >= 1 MB/s per core for wikitext. Figures in
 benchmarks/RESULTS.md ("corpus front door").
@@ -163,7 +163,7 @@ if __name__ == "__main__":
     flags.DEFINE_float("mb", 20.0, "Size of each input (MB).")
     flags.DEFINE_list("workers", ["1", "2"], "--num_workers values to run.")
     flags.DEFINE_list("formats", ["jsonl", "wiki"], "Inputs to run: jsonl, wiki.")
-    flags.DEFINE_bool("dedup", True, "Deduplicate (its index grows with the kept documents; "
+    flags.DEFINE_bool("dedup", True, "Deduplicate (spooled to disk, so peak memory stays flat; "
                       "--nodedup shows the memory of the rest).")
     flags.DEFINE_bool("keep", False, "Keep the temp dir (inputs and outputs).")
     app.run(main)

@@ -23,16 +23,16 @@ file's bytes in a worker's memory: give a large corpus more --num_output_shards.
 Files are read and written through Beam's FileSystems (local, gs://, s3://, hdfs://).
 
 prepare_corpus (`prepare`, `build_corpus`): documents are read per file (one worker per
-file: a single dump is read by one worker), cleaned in parallel (prepare_corpus's pure
-`clean_document`, the expensive part), exact duplicates grouped by the digest of their
-normalized text (the first in input order stands for the group), then one step walks
-every document's small record in input order: near duplicates (data_prep/dedup.py's
-MinHash index, whose answers depend on the order, as locally) and each kept document's
-position, which deals it round-robin into the output files. That step holds the index of
-the kept documents (about 1.5 KB each, data_prep/dedup.py) and sees a record per
-document: it does not scale out; a corpus beyond one worker's memory is deduplicated per
-shard of a hash of its text, or with --nodedup. Without dedup it sees a few integers per
-document.
+file: a single dump is read by one worker) and cleaned and fingerprinted in parallel
+(prepare_corpus's pure `clean_document` and `fingerprint`, the expensive part). Each
+document's digest and LSH band keys are grouped by key (a GroupByKey, spread over the
+workers); only the documents of a key that two or more share, with their signatures, reach
+one step that applies data_prep/dedup.py's greedy rule in input order (its answers depend
+on the order, as locally). A last step walks every document's small record (a reason and
+a few integers, no text or signature) for the summary and each kept document's position,
+which deals it round-robin into the output files. The greedy step holds the documents
+that share a key (duplicates and false LSH candidates, about 0.6 KB each), not every
+document; the last step holds a few integers per document.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from data_prep import paths as dp_paths
 from data_prep import pipeline
+from data_prep import dedup as dedup_lib
 from data_prep import prepare_corpus as pc
 
 _NAMESPACE = "data_prep"
@@ -323,35 +324,54 @@ def _clean(item, options):
     return key, text, (None, "", len(c.sentences), len(text.encode("utf-8")), digest, sig)
 
 
-def _exact_groups(item):
-    """(digest, [(key, record)]) -> the first in input order as it is; the others keep only
-    the key of that first one (they are its exact copies: no signature needed)."""
-    _, members = item
+def _shared_keys(item, options):
+    """(key, (digest, signature)) -> (group, key) for its digest and each of its LSH bands:
+    the keys of Deduplicator's digest set and band tables."""
+    key, (digest, sig) = item
+    yield ("digest", digest), key
+    for band, k in enumerate(pc.minhasher(options).band_keys(sig).tolist()):
+        yield (band, k), key
+
+
+def _members(item):
+    """(group, [keys]) -> (key, group) for every document of a group of two or more: a
+    document alone in all its groups is kept and decides nothing about the others."""
+    group, keys = item
+    keys = list(keys)
+    if len(keys) > 1:
+        for key in keys:
+            yield key, group
+
+
+def _member(item):
+    """(key, {"groups", "signature"}) -> (key, exact group or None, [band groups],
+    signature) for a document in some shared group."""
+    key, joined = item
+    groups = list(joined["groups"])
+    if groups:
+        exact = next((g for g in groups if g[0] == "digest"), None)
+        yield key, exact, [g for g in groups if g[0] != "digest"], joined["signature"][0]
+
+
+def _near_step(members, options):
+    """data_prep.dedup.greedy, in input order, over the documents of shared groups only:
+    (key, "exact" | "near") of each one dropped."""
     members = sorted(members, key=lambda t: t[0])
-    first_key, first = members[0]
-    yield first_key, first
-    for key, (reason, note, n, nbytes, _, _) in members[1:]:
-        yield key, (reason, note, n, nbytes, None, ("copy of", first_key))
+    sigs = {key: sig for key, _, _, sig in members}
+    yield from dedup_lib.greedy(((key, exact, bands) for key, exact, bands, _ in members),
+                                sigs.__getitem__, pc.minhasher(options).min_equal)
 
 
-def decide(records, options, inputs_bytes: int):
+def decide(records, drops: dict, inputs_bytes: int):
     """The local path's decisions in input order over every document's record: drops by
-    reason, near duplicates (data_prep/dedup.py, stateful), the kept documents' positions.
-    Returns (Summary, {key: kept index})."""
+    reason (the duplicates' from `drops`, key -> "exact" | "near"), the kept documents'
+    positions. Returns (Summary, {key: kept index})."""
     summary = pc.Summary()
-    dedup = pc._deduplicator(options) if options.dedup else None
     kept = {}
-    for key, (reason, note, n, nbytes, digest, sig) in sorted(records, key=lambda t: t[0]):
+    for key, (reason, note, n, nbytes) in sorted(records, key=lambda t: t[0]):
         summary.documents += 1
-        if reason is None and dedup is not None:
-            if isinstance(sig, tuple):  # an exact copy of an earlier document
-                # Kept first: its digest is remembered, "exact". Dropped first (as a near
-                # duplicate): the copy's equal signature meets the same kept document.
-                found = "exact" if sig[1] in kept else "near"
-                setattr(dedup, found, getattr(dedup, found) + 1)
-            else:
-                found = pc.check_fingerprint(dedup, digest, sig)
-            reason = f"{found} duplicate" if found else None
+        if reason is None and key in drops:
+            reason = f"{drops[key]} duplicate"
         if reason is not None:
             summary.dropped[reason] += 1
             if note and len(summary.bad) < pc._MAX_NOTES:
@@ -365,8 +385,8 @@ def decide(records, options, inputs_bytes: int):
     return summary, kept
 
 
-def _decide_step(records, options, inputs_bytes, summary_path):
-    summary, kept = decide(records, options, inputs_bytes)
+def _decide_step(records, drops, inputs_bytes, summary_path):
+    summary, kept = decide(records, drops, inputs_bytes)
     with FileSystems.create(summary_path,
                             compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.write(pickle.dumps(summary))
@@ -394,9 +414,10 @@ def build_corpus(p, inputs: Sequence[tuple[str, str]], tmp_paths: Sequence[str],
                  inputs_bytes: int, summary_path: str):
     """prepare_corpus's stages on pipeline `p`: read per file, clean per document (in
     parallel after a reshuffle: one big dump is read by one worker, cleaned by all),
-    exact duplicates grouped by digest, then one step over every document's small record
-    in input order for the near duplicates and the kept positions (data_prep/dedup.py is
-    order-dependent), then each output file's kept documents in order."""
+    digests and LSH band keys grouped by key, the greedy rule (data_prep/dedup.py is
+    order-dependent) over the documents of shared keys only, then one step over every
+    document's small record in input order for the kept positions, then each output
+    file's kept documents in order."""
     cleaned = (p
                | "CorpusInputs" >> beam.Create(list(enumerate(inputs)))
                | "SpreadCorpusInputs" >> beam.Reshuffle()
@@ -406,18 +427,27 @@ def build_corpus(p, inputs: Sequence[tuple[str, str]], tmp_paths: Sequence[str],
     texts = (cleaned
              | "KeptTexts" >> beam.Filter(lambda t: t[1] is not None)
              | "KeyTexts" >> beam.Map(lambda t: (t[0], t[1])))
-    records = cleaned | "Records" >> beam.Map(lambda t: (t[0], t[2]))
+    records = cleaned | "Records" >> beam.Map(lambda t: (t[0], t[2][:4]))
     if options.dedup:
-        fingerprinted = records | "WithDigest" >> beam.Filter(lambda t: t[1][4] is not None)
-        rest = records | "WithoutDigest" >> beam.Filter(lambda t: t[1][4] is None)
-        exact = (fingerprinted
-                 | "ByDigest" >> beam.Map(lambda t: (t[1][4], t))
-                 | "GroupDigests" >> beam.GroupByKey()
-                 | "ExactCopies" >> beam.FlatMap(_exact_groups))
-        records = (exact, rest) | "AllRecords" >> beam.Flatten()
+        fingerprints = (cleaned
+                        | "Fingerprinted" >> beam.Filter(lambda t: t[2][4] is not None)
+                        | "Fingerprints" >> beam.Map(lambda t: (t[0], t[2][4:])))
+        groups = (fingerprints
+                  | "SharedKeys" >> beam.FlatMap(_shared_keys, options)
+                  | "GroupKeys" >> beam.GroupByKey()
+                  | "SharedGroups" >> beam.FlatMap(_members))
+        signatures = fingerprints | "Signatures" >> beam.Map(lambda t: (t[0], t[1][1]))
+        drops = ({"groups": groups, "signature": signatures}
+                 | "JoinGroups" >> beam.CoGroupByKey()
+                 | "Members" >> beam.FlatMap(_member)
+                 | "AllMembers" >> beam.combiners.ToList()
+                 | "Duplicates" >> beam.FlatMap(_near_step, options))
+    else:
+        drops = p | "NoDuplicates" >> beam.Create([])
     kept = (records
             | "InOrder" >> beam.combiners.ToList()
-            | "Decide" >> beam.FlatMap(_decide_step, options, inputs_bytes, summary_path))
+            | "Decide" >> beam.FlatMap(_decide_step, beam.pvalue.AsDict(drops),
+                                       inputs_bytes, summary_path))
     return ({"texts": texts, "kept": kept}
             | "JoinKept" >> beam.CoGroupByKey()
             | "PlaceInFiles" >> beam.FlatMap(_place, len(tmp_paths))

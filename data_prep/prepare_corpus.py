@@ -38,13 +38,16 @@ The stages, for engines that run them elsewhere (Apache Beam):
   * `fingerprint(sentences, options)`: pure, the expensive half of deduplication (the
     digest and MinHash signature of `dedup_text(sentences)`), done beside the cleaning;
   * `check_fingerprint(deduplicator, digest, signature)`: stateful, Deduplicator.check
-    (data_prep/dedup.py) of that fingerprint; the kept documents in input order;
+    (data_prep/dedup.py) of that fingerprint, in memory; `minhasher(options).band_keys`
+    and data_prep.dedup.greedy decide the same over keys grouped elsewhere;
   * `format_document(sentences)`: the output text of one document.
 `prepare(options)` runs them locally: chunks of documents cleaned and fingerprinted by
---num_workers processes, results taken in input order, deduplicated and written
-round-robin into --num_output_shards files by this process, so the output is the same
-bytes for any worker count. Outputs are written under temporary names and renamed at the
-end.
+--num_workers processes, results taken in input order by this process. With --dedup they
+are spooled to disk (data_prep/dedup.py's DiskDeduplicator: memory that does not grow
+with the corpus; beside the output, a copy of the documents' text plus about 0.9 KB per
+document) and decided once all are read; the kept ones are written round-robin into
+--num_output_shards files, so the output is the same bytes for any worker count. Outputs
+are written under temporary names and renamed at the end; the spool is removed.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ from absl import app, flags  # noqa: E402
 from bert_jax.data.checks import files_named  # noqa: E402
 from bert_jax.errors import UserError  # noqa: E402
 from data_prep import paths as dp_paths  # noqa: E402
-from data_prep.dedup import Deduplicator, digest, normalize  # noqa: E402
+from data_prep.dedup import Deduplicator, DiskDeduplicator, digest, normalize  # noqa: E402
 from data_prep.sentences import SentenceSplitter  # noqa: E402
 
 # Page markers (`### START: ...`, `p.772:0`, possibly followed by an editor's note) and
@@ -814,19 +817,27 @@ def output_paths(spec: str, num_shards: int) -> list[str]:
     return [f"{prefix}-{i:05d}-of-{num_shards:05d}.txt" for i in range(num_shards)]
 
 
-def _deduplicator(options: Options):
-    return Deduplicator(threshold=options.dedup_threshold)
+def _deduplicator(options: Options, folder: str | None = None):
+    """The in-memory Deduplicator, or with a folder the DiskDeduplicator spooling to it."""
+    if folder is None:
+        return Deduplicator(threshold=options.dedup_threshold)
+    return DiskDeduplicator(folder, threshold=options.dedup_threshold)
+
+
+def minhasher(options: Options):
+    """The signatures' and LSH band keys' parameters of --dedup_threshold (one per process)."""
+    key = ("dedup", options.dedup_threshold)
+    if key not in _STATE:
+        _STATE[key] = _deduplicator(options)
+    return _STATE[key]
 
 
 def fingerprint(sentences: list[str], options: Options) -> tuple:
     """The expensive half of deduplication, computed where the document is cleaned: the
     exact-duplicate digest of its normalized text and its MinHash signature
     (data_prep.dedup.digest, Deduplicator.signature)."""
-    key = ("dedup", options.dedup_threshold)
-    if key not in _STATE:
-        _STATE[key] = _deduplicator(options)
     norm = normalize(dedup_text(sentences))
-    return digest(norm), _STATE[key].signature(norm)
+    return digest(norm), minhasher(options).signature(norm)
 
 
 def check_fingerprint(dedup, text_digest: int, signature) -> str | None:
@@ -931,17 +942,25 @@ def prepare(options: Options) -> Summary:
     workers = o.num_workers or cores or 1
     t0 = time.time()
     summary = Summary(outputs=outputs)
-    dedup = _deduplicator(o) if o.dedup else None
     progress = _Progress()
     total = sum(os.path.getsize(p) for p, _ in inputs)
     bar = tqdm(total=total, unit="B", unit_scale=True, disable=not o.progress,
                desc="prepare_corpus", file=sys.stderr)
     tmps = [f"{p}.tmp-{os.getpid()}" for p in outputs]
-    files, pool = [], None
+    files, pool, spool = [], None, None
+
+    def write(text: bytes, sentences: int) -> None:
+        files[summary.kept % len(files)].write(text)
+        summary.kept += 1
+        summary.sentences += sentences
+        summary.bytes_out += len(text)
+
     try:
         for p in outputs:
             os.makedirs(os.path.dirname(os.path.abspath(p)), exist_ok=True)
-        files = [open(t, "w", encoding="utf-8") for t in tmps]
+        files = [open(t, "wb") for t in tmps]
+        if o.dedup:
+            spool = _deduplicator(o, f"{tmps[0]}.dedup")
         chunks = _chunks(inputs, o, progress)
         if workers <= 1:
             results = ((_clean_chunk(c, o), pos) for c, pos in chunks)
@@ -953,23 +972,25 @@ def prepare(options: Options) -> Summary:
         for cleaned, position in results:
             for c, fp in cleaned:
                 summary.documents += 1
-                reason = c.reason
-                if reason is None and dedup is not None:
-                    found = check_fingerprint(dedup, *fp)
-                    reason = f"{found} duplicate" if found else None
-                if reason is not None:
-                    summary.dropped[reason] += 1
+                if c.reason is not None:
+                    summary.dropped[c.reason] += 1
                     if c.note and len(summary.bad) < _MAX_NOTES:
                         summary.bad.append(c.note)
                     continue
-                text = format_document(c.sentences)
-                files[summary.kept % len(files)].write(text)
-                summary.kept += 1
-                summary.sentences += len(c.sentences)
-                summary.bytes_out += len(text.encode("utf-8"))
+                text = format_document(c.sentences).encode("utf-8")
+                if spool is not None:  # decided at the end, over all documents
+                    spool.add(*fp, text, len(c.sentences))
+                else:
+                    write(text, len(c.sentences))
             bar.update(position - done)
             done = position
         summary.bytes_in = progress.done
+        if spool is not None:
+            spool.finish()
+            summary.dropped["exact duplicate"] += spool.exact
+            summary.dropped["near duplicate"] += spool.near
+            for text, sentences in spool.kept_payloads():
+                write(text, sentences)
         if not summary.kept:
             raise PrepareError(nothing_usable(o, summary))
         for f in files:
@@ -985,6 +1006,8 @@ def prepare(options: Options) -> Summary:
         raise
     finally:
         bar.close()
+        if spool is not None:
+            spool.close()
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
     summary.seconds = time.time() - t0

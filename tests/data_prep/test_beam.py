@@ -242,3 +242,18 @@ def test_an_unknown_runner_or_bad_options_stop_both_tools_before_any_work(tmp_pa
     with pytest.raises(pc.PrepareError, match=r"--runner=Bogus: not a Beam runner"):
         _prepare(SAMPLE[0], tmp_path / "t.txt", "Bogus")
     assert not list(tmp_path.iterdir())
+
+
+@needs_beam
+def test_prepare_corpus_dedup_on_direct_runner_as_locally_on_a_mixed_corpus(tmp_path):
+    """Clusters near the threshold, few-word edits and exact copies: the Beam pipeline's
+    grouping of shared LSH keys drops the same documents as the local path."""
+    from tests.data_prep.test_dedup import _mixed_corpus
+
+    docs = [d for d in _mixed_corpus(2) if len(d) > 100]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    local = _prepare(tmp_path / "in.jsonl", tmp_path / "l.txt", "local")
+    beam = _prepare(tmp_path / "in.jsonl", tmp_path / "b.txt", "DirectRunner")
+    assert (tmp_path / "l.txt").read_bytes() == (tmp_path / "b.txt").read_bytes()
+    assert dict(beam.dropped) == dict(local.dropped)
+    assert local.dropped["exact duplicate"] > 50 and local.dropped["near duplicate"] > 100

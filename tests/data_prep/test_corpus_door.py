@@ -330,6 +330,29 @@ def test_fingerprint_check_answers_as_deduplicator_check():
     assert (mine.kept, mine.exact, mine.near) == (ref.kept, ref.exact, ref.near)
 
 
+def test_dedup_spool_is_removed_after_success_and_failure(tmp_path, monkeypatch):
+    """Deduplication spools documents, signatures and band entries beside the output's
+    temporary name; a run leaves only its outputs, and a failed one nothing."""
+    docs = [_long_doc(k) for k in range(12)]
+    docs += [docs[3], docs[5].upper(), docs[7].replace(docs[7].split()[20], "other", 1)]
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    s = pc.prepare(options(tmp_path / "in.jsonl", tmp_path / "out" / "part",
+                           num_output_shards=3))
+    assert (s.documents, s.kept, s.dropped["exact duplicate"],
+            s.dropped["near duplicate"]) == (15, 12, 2, 1)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        f"part-0000{i}-of-00003.txt" for i in range(3)]
+
+    def fail(self):
+        assert os.listdir(self.folder)  # the spool is there until the end
+        raise OSError("disk full")
+
+    monkeypatch.setattr(pc.DiskDeduplicator, "finish", fail)
+    with pytest.raises(OSError, match="disk full"):
+        pc.prepare(options(tmp_path / "in.jsonl", tmp_path / "again" / "part"))
+    assert list((tmp_path / "again").iterdir()) == []
+
+
 def test_nothing_usable_is_one_line_and_an_older_output_stays(wiki, tmp_path):
     out = tmp_path / "corpus.txt"
     out.write_text("an older corpus\n")

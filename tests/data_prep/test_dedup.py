@@ -2,13 +2,14 @@
 
 import json
 import os
+import random
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from data_prep.dedup import Deduplicator, lsh_bands, normalize
+from data_prep.dedup import Deduplicator, DiskDeduplicator, digest, lsh_bands, normalize
 from tests.conftest import REPO
 
 
@@ -102,6 +103,66 @@ def test_short_and_empty_documents():
     assert d.check("two other words") is None
     with pytest.raises(ValueError, match="threshold=1.5"):
         Deduplicator(threshold=1.5)
+
+
+def _mixed_corpus(seed: int = 0) -> list[str]:
+    """Unrelated passages, overlapping windows (clusters near the threshold), few-word
+    edits, exact copies (some recased or re-spaced) and short texts, shuffled."""
+    rng = random.Random(seed)
+    w = (REPO / "data_prep" / "sample_corpus" / "britannica.txt").read_text().split()
+    docs = _passages(30, 100) + [" ".join(w[i:i + 200]) for i in range(3000, 9000, 25)]
+    for _ in range(150):
+        e = rng.choice(docs).split()
+        for _ in range(rng.randint(1, 6)):
+            e[rng.randrange(len(e))] = rng.choice(["the", "zyzzyva", "x"])
+        docs.append(" ".join(e))
+    docs += [rng.choice(docs) for _ in range(60)]
+    docs += [rng.choice(docs).upper().replace(" ", "  ") for _ in range(20)]
+    docs += ["", "two words", "Two  WORDS", "three words here"]
+    rng.shuffle(docs)
+    return docs
+
+
+def _disk_decisions(docs, folder, **kw) -> tuple[list, DiskDeduplicator]:
+    with DiskDeduplicator(str(folder), **kw) as d:
+        for i, doc in enumerate(docs):
+            norm = normalize(doc)
+            d.add(digest(norm), d.signature(norm), doc.encode(), i)
+        d.finish()
+        kept = list(d.kept_payloads())
+        answers = d.decisions()
+    assert not folder.exists()  # close removes its files
+    assert kept == [(doc.encode(), i) for i, (doc, a) in enumerate(zip(docs, answers))
+                    if a is None]
+    return answers, d
+
+
+def test_disk_deduplicator_decides_as_deduplicator(tmp_path):
+    """The out-of-core index gives check's answers, document for document, and hands back
+    the kept documents' payloads in order."""
+    docs = _mixed_corpus()
+    ref = Deduplicator()
+    expected = [ref.check(doc) for doc in docs]
+    assert ref.kept > 250 and ref.exact > 50 and ref.near > 100
+    # A block boundary inside the corpus, few partitions: entries of every kind mixed.
+    answers, d = _disk_decisions(docs, tmp_path / "spool", partitions=3, block=100)
+    assert answers == expected
+    assert (d.documents, d.kept, d.exact, d.near) == (len(docs), ref.kept, ref.exact, ref.near)
+    assert d.split_partitions == 0
+
+
+def test_partitions_over_the_budget_are_split_again(tmp_path):
+    """A partition file bigger than partition_bytes is re-partitioned by another hash (and
+    again, while it is too big) before it is read: the same answers. One key in every entry
+    (the same text many times) cannot be split; it is read whole."""
+    docs = _mixed_corpus(1)[:500]
+    ref = Deduplicator()
+    expected = [ref.check(doc) for doc in docs]
+    answers, d = _disk_decisions(docs, tmp_path / "a", partitions=2, partition_bytes=4000)
+    assert answers == expected and d.split_partitions > 20
+    same = ["one text, again and again " * 20] * 300
+    answers, d = _disk_decisions(same, tmp_path / "b", partitions=2, partition_bytes=4000)
+    assert answers == [None] + ["exact"] * 299
 
 
 _SCRIPT = """
