@@ -986,11 +986,15 @@ def prepare(options: Options) -> Summary:
             done = position
         summary.bytes_in = progress.done
         if spool is not None:
+            bar.set_description("prepare_corpus: deduplicating")
             spool.finish()
             summary.dropped["exact duplicate"] += spool.exact
             summary.dropped["near duplicate"] += spool.near
-            for text, sentences in spool.kept_payloads():
-                write(text, sentences)
+            with tqdm(total=spool.kept, unit="doc", desc="prepare_corpus: writing",
+                      disable=not o.progress, file=sys.stderr) as wbar:
+                for text, sentences in spool.kept_payloads():
+                    write(text, sentences)
+                    wbar.update()
         if not summary.kept:
             raise PrepareError(nothing_usable(o, summary))
         for f in files:
