@@ -93,8 +93,10 @@ class BertSelfAttention(nn.Module):
             if impl != "xla" and training:
                 dropout_key = drop.make_key()
             ctx = attend(impl, window)
+            paths = (impl,)
         else:  # a traced flag (nn.scan): one body for local and global layers
             local_impl, global_impl = impl_for(window), impl_for(0)
+            paths = (local_impl, global_impl)
             if local_impl == global_impl == "xla":  # the band lifted on global layers
                 ctx = attend("xla", window, local)
             elif "xla" in (local_impl, global_impl):
@@ -107,7 +109,10 @@ class BertSelfAttention(nn.Module):
                     dropout_key = drop.make_key()
                 ctx = jax.lax.cond(local, lambda: attend(local_impl, window),
                                    lambda: attend(global_impl, 0))
-        ctx = checkpoint_name(ctx, "context")
+        # A kernel that names its output itself keeps it for its own backward pass: a second
+        # name would keep a second copy.
+        if not all(attention_ops.names_context(p) for p in paths):
+            ctx = checkpoint_name(ctx, "context")
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
 
         return DenseGeneral(

@@ -5,6 +5,8 @@ What a layer keeps for the backward pass is chosen by `model.remat`. The named v
 FFN F, in the compute dtype:
     query, key, value    3 x [L, H]     (attention.py)
     context              [L, H]         the attention output, input of its output projection
+    attention_lse        [A, L] float32 the Pallas kernel's log-sum-exp (with context, its
+                                        backward pass needs no second forward kernel)
     attention_residual   [L, H]         x + attention(x): the first LayerNorm's input
     ffn_pre              [L, F]         the FFN's pre-activation (before GELU)
     output_residual      [L, H]         h + ffn(h): the second LayerNorm's input
@@ -32,9 +34,10 @@ _REMAT_POLICIES = {
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "minimal": jax.checkpoint_policies.save_only_these_names(
-        "query", "key", "value", "context", "attention_residual", "output_residual"),
+        "query", "key", "value", "context", "attention_lse", "attention_residual",
+        "output_residual"),
     "minimal_ffn": jax.checkpoint_policies.save_only_these_names(
-        "query", "key", "value", "context", "attention_residual", "ffn_pre",
+        "query", "key", "value", "context", "attention_lse", "attention_residual", "ffn_pre",
         "output_residual"),
 }
 

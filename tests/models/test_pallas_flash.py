@@ -2,8 +2,11 @@
 CPU against the XLA reference (attention_ops/xla.py) with the hash dropout of
 models/dropout.py (`Dropout(rate, impl="hash")` through flax apply): outputs and q, k, v
 gradients, with padding, dropout, several blocks, padded lengths and head dims, packed
-segments, and shard offsets. float32 throughout, so the two paths differ only by summation
+segments, and shard offsets; the fused backward kernel (keys in one block) and the
+multi-block one. float32 throughout, so the two paths differ only by summation
 order: rtol 1e-5 (atol 1e-6 of the largest value)."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -74,6 +77,75 @@ def test_matches_reference_with_padding_and_dropout(length, rate):
     if rate == 0:
         np.testing.assert_allclose(got[0][-1], jnp.broadcast_to(v[-1].mean(0), v[-1].shape),
                                    rtol=1e-5, atol=1e-6)
+
+
+def _kernel_names(length, head_dim=16, **options):
+    """(names of the Pallas kernels, whether a separate rowsum(o * do) product runs) in the
+    forward and backward pass of one call, from its jaxpr (traced, not run)."""
+    x = jnp.zeros((1, length, 1, head_dim))
+    seg = jnp.ones((1, length), jnp.int32)
+
+    def fwd_bwd(q, k, v):
+        out, vjp = jax.vjp(lambda *a: pallas_flash.flash_attention(*a, seg, seg, **options),
+                           q, k, v)
+        return vjp(out)
+
+    jaxpr = jax.make_jaxpr(fwd_bwd)(x, x, x)
+    outside = {e.primitive.name for e in jaxpr.eqns}  # the kernels' own dots are inside
+    return re.findall(r"name=(flash_attention_\w+)", str(jaxpr)), "dot_general" in outside
+
+
+FUSED = ["flash_attention_fwd", "flash_attention_bwd_fused"]
+SPLIT = ["flash_attention_fwd", "flash_attention_bwd_dkdv", "flash_attention_bwd_dq"]
+
+
+@pytest.mark.parametrize("length, options, want", [
+    (24, {}, FUSED),                        # padded to one 32-key block
+    (128, {}, FUSED),                       # BERT's usual length: one 128-key block
+    (100, dict(bwd_block_q=32), FUSED),     # padded to 128, four query blocks
+    (200, {}, SPLIT),                       # beyond 128 keys: 64-key blocks
+    (32, dict(bwd_block_k=16), SPLIT),      # an explicit smaller key block
+    (128, dict(block_k=64), SPLIT),         # block_k sets the backward's too
+])
+def test_backward_is_one_kernel_when_the_keys_fit_one_block(length, options, want):
+    names, delta_einsum = _kernel_names(length, **options)
+    assert names == want
+    # the fused kernel computes rowsum(o * do) itself; the split one takes it from XLA
+    assert delta_einsum == (want == SPLIT)
+
+
+@pytest.mark.parametrize("length, rate, packed", [(24, 0.5, False), (32, 0.1, True)])
+def test_fused_backward_matches_reference(length, rate, packed):
+    # bwd_block_q=16: the fused kernel walks two query blocks, accumulating dK and dV over
+    # them and writing each block's dQ; 24 is padded to 32 (one key block of 32).
+    q, k, v, w = _inputs(3, length, 2, 16, seed=5)
+    if packed:
+        seg = np.zeros((3, length), np.int32)
+        seg[0, :13], seg[0, 13:24], seg[1, :20], seg[2, :] = 1, 2, 1, 1
+        q_seg = kv_seg = jnp.asarray(seg)
+    else:
+        q_seg, kv_seg = _padding(3, length)
+    assert _kernel_names(length, bwd_block_q=16)[0] == FUSED
+    want = _value_and_grads(lambda *a: _reference(*a, q_seg, kv_seg, rate), q, k, v, w)
+    got = _value_and_grads(lambda *a: pallas_flash.flash_attention(
+        *a, q_seg, kv_seg, dropout_rate=rate, seeds=_seeds(rate), bwd_block_q=16), q, k, v, w)
+    assert_close(got, want)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("length, rate, options", [
+    (128, 0.1, {}),                         # fused: 64-row query blocks, one 128-key block
+    (100, 0.0, {}),                         # fused, padded to 128
+    (200, 0.1, {}),                         # split: 64 x 64 blocks, padded to 256
+])
+def test_default_blocks_at_bert_lengths_match_reference(length, rate, options):
+    q, k, v, w = _inputs(2, length, 2, 64, seed=6)
+    q_seg, kv_seg = _padding(2, length)
+    want = _value_and_grads(lambda *a: _reference(*a, q_seg, kv_seg, rate), q, k, v, w)
+    got = _value_and_grads(lambda *a: pallas_flash.flash_attention(
+        *a, q_seg, kv_seg, dropout_rate=rate, seeds=_seeds(rate) if rate else None,
+        **options), q, k, v, w)
+    assert_close(got, want)
 
 
 def test_dropout_mask_is_the_reference_mask():

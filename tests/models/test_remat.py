@@ -49,6 +49,23 @@ def test_minimal_policies_keep_exactly_the_named_values(remat, ffn, dtype):
     # bfloat16) that is 1.75 MiB (minimal) and 2.75 MiB (minimal_ffn) per example per layer.
 
 
+@pytest.mark.parametrize("remat", ["minimal", "minimal_ffn"])
+def test_minimal_policies_keep_the_flash_kernels_output_and_lse_once(remat):
+    # The Pallas kernel (CPU: interpret mode, only traced here) names its output "context"
+    # and its float32 log-sum-exp "attention_lse": both kept, so its backward pass does not
+    # run the forward kernel again, and the output once (not also as the layer's context).
+    config = tiny_config(num_hidden_layers=LAYERS, remat=remat, scan_layers=True,
+                         attention="pallas", dropout_rng="hash")
+    b, n = 3, 16
+    a, d, h, f = config.num_attention_heads, config.head_dim, config.hidden_size, config.intermediate_size
+    want = {("float32", (b, n, a, d)): 4,  # query, key, value, context
+            ("float32", (b, a, n)): 1,     # attention_lse
+            ("float32", (b, n, h)): 3}     # the layer input, attention_residual, output_residual
+    if remat == "minimal_ffn":
+        want[("float32", (b, n, f))] = 1
+    assert _stacked_residuals(config, b, n) == want
+
+
 def test_no_remat_keeps_probabilities_and_float32_copies():
     # The reference point the policies improve on: without remat the layer keeps the
     # [heads, q, k] probabilities (before and after dropout) and the dropout masks.

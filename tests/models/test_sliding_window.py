@@ -173,6 +173,24 @@ def test_pallas_window_block_options(options):
     assert_close(got, want)
 
 
+@pytest.mark.parametrize("packed", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_pallas_window_in_the_fused_backward(packed):
+    # All 40 keys in one backward key block (64, padded): dQ, dK, dV come from the fused
+    # kernel. 64-row forward blocks pad the queries to 64, so the fused kernel's last
+    # 16-row query block holds only added rows (it must add nothing to dK and dV).
+    length, window, rate = 40, 5, 0.2
+    options = dict(block_q=64, block_k=64, bwd_block_q=16)
+    q, k, v, w = _inputs(2, length, seed=2)
+    mask = _packed(length, [(13, 20), (length - 7,)]) if packed else _padding(length, [40, 23])
+    x = jnp.zeros((1, length, 1, 16))
+    jaxpr = str(jax.make_jaxpr(lambda q: jax.vjp(
+        lambda q: _pallas(q, x, x, mask[:1], window, **options), q)[1](q))(x))
+    assert "flash_attention_bwd_fused" in jaxpr and "flash_attention_bwd_dq" not in jaxpr
+    want = _value_and_grads(lambda *a: _reference(*a, mask, window, rate), q, k, v, w)
+    got = _value_and_grads(lambda *a: _pallas(*a, mask, window, rate, **options), q, k, v, w)
+    assert_close(got, want)
+
+
 @pytest.mark.slow
 def test_pallas_window_as_wide_as_the_row_is_global():
     q, k, v, w = _inputs(1, 24)

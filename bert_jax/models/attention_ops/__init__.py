@@ -132,6 +132,14 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False,
     return impl
 
 
+def names_context(impl: str) -> bool:
+    """Whether the path `impl` names its own output "context" for the remat policies. The
+    Pallas kernel on GPU (and CPU) does, on the output its backward pass keeps beside the
+    log-sum-exp ("attention_lse"): naming the returned value again would make a policy keep
+    a second copy of it."""
+    return impl == "pallas" and platform() != "tpu"
+
+
 def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None,
           pallas_options=None, window: int = 0):
     """A fused path ("cudnn" or "pallas") on q, k, v: <dtype>[batch, length, heads, kv]

@@ -6,9 +6,13 @@
 The numerics of the XLA reference (xla.py) with FlashAttention-2's schedule: the [q, k]
 probabilities never leave the kernel. Forward: one program per (query block, example, head)
 walks the key blocks with an online softmax; it writes the output and the float32
-log-sum-exp of every query row. Backward (custom_vjp): D_i = rowsum(dO * O) in XLA, then one
-kernel per key block (dK, dV) and one per query block (dQ), each recomputing the
-probabilities block by block from the log-sum-exp.
+log-sum-exp of every query row. Backward (custom_vjp), recomputing the probabilities block
+by block from the log-sum-exp: when the keys fit one backward key block (up to 128 keys by
+default, BERT's usual length), one fused kernel per (example, head) walks the query blocks
+once and writes dQ, dK, dV, with D_i = rowsum(dO * O) computed inside; longer keys take
+D_i from XLA, then one kernel per key block (dK, dV) and one per query block (dQ). The
+output and log-sum-exp the backward pass needs are named "context" and "attention_lse"
+for the remat policies.
 
 Dropout: element (b, h, i, j) of the mask is the one `dropout.keep_mask(key, (B_total,
 H_total, q_len, kv_len), rate)` draws, bit for bit: row = (b_global * H_total + h_global) *
@@ -37,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 
 try:  # jax's Triton-specific Pallas options (num_warps, num_stages); optional
@@ -50,6 +55,10 @@ from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
 # A disallowed score is the lowest float32, exactly as in xla.py: exp underflows to 0 next to
 # any real score, and a row with no allowed key (all scores equal) is uniform over its keys.
 _MASKED = float(np.finfo(np.float32).min)
+
+# The longest key length whose backward pass runs as one fused kernel by default (one key
+# block of this many keys; an explicit bwd_block_k / block_k decides instead).
+_FUSED_KEYS = 128
 
 
 def _dot(a, b, trans_a: bool = False, trans_b: bool = False):
@@ -74,6 +83,7 @@ class _Cfg(NamedTuple):
     num_stages: int
     interpret: bool
     window: int = 0       # sliding-window half width; 0 = global
+    head_dim: int = 0     # unpadded head dim: the output is sliced to [:, :q_len, :, :head_dim]
 
 
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: float = 0.0,
@@ -92,7 +102,8 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     [batch, heads] inside the global array whose hash mask it reproduces (shard_map shards).
     block_q, block_k: powers of two >= 16, the blocks of the forward kernel and, unless
     bwd_block_q / bwd_block_k are given, of the two backward kernels (defaults: 128 x 64
-    forward, 64 x 64 backward); a block longer than the (power-of-two rounded) length is cut
+    forward, 64 x 64 backward, 64 x 128 when the keys fit 128: one fused backward kernel);
+    a block longer than the (power-of-two rounded) length is cut
     to it, and lengths need not be multiples (padded inside). num_warps (a power of two
     <= 32), num_stages (>= 1): Triton's settings for all three kernels (defaults 4 and 2;
     ignored in interpret mode). None of these change the result beyond summation order.
@@ -150,7 +161,7 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
                keep_scale=as_dtype(1.0 / (1.0 - threshold / 2.0**32)) if threshold else 1.0,
                total_heads=int(total_heads or heads), fwd_blocks=fwd_blocks,
                bwd_blocks=bwd_blocks, num_warps=num_warps, num_stages=num_stages,
-               interpret=bool(interpret), window=int(window))
+               interpret=bool(interpret), window=int(window), head_dim=head_dim)
 
     if threshold:
         seeds = jnp.asarray(seeds)
@@ -170,9 +181,8 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     def pad2(x, n):
         return jnp.pad(x.astype(jnp.int32), ((0, 0), (0, n - x.shape[1])))
 
-    o = _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), pad2(q_segment_ids, q_pad),
-               pad2(kv_segment_ids, kv_pad), params, cfg)
-    return o[:, :q_len, :, :head_dim]
+    return _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), pad2(q_segment_ids, q_pad),
+                  pad2(kv_segment_ids, kv_pad), params, cfg)
 
 
 def _schedule(q_len, kv_len, block_q, block_k, bwd_block_q, bwd_block_k):
@@ -180,8 +190,11 @@ def _schedule(q_len, kv_len, block_q, block_k, bwd_block_q, bwd_block_k):
     of the backward kernels and the lengths padded to a multiple of both."""
     fwd_blocks = (_block("block_q", block_q, 128, q_len),
                   _block("block_k", block_k, 64, kv_len))
+    # Keys that fit _FUSED_KEYS make one backward key block by default: the fused backward
+    # kernel then reads every input once (see _fused_bwd_kernel).
+    bwd_k_default = _FUSED_KEYS if kv_len <= _FUSED_KEYS else 64
     bwd_blocks = (_block("bwd_block_q", bwd_block_q or block_q, 64, q_len),
-                  _block("bwd_block_k", bwd_block_k or block_k, 64, kv_len))
+                  _block("bwd_block_k", bwd_block_k or block_k, bwd_k_default, kv_len))
     q_pad = _round_up(q_len, max(fwd_blocks[0], bwd_blocks[0]))
     kv_pad = _round_up(kv_len, max(fwd_blocks[1], bwd_blocks[1]))
     return fwd_blocks, bwd_blocks, q_pad, kv_pad
@@ -487,14 +500,88 @@ def _dq_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_
     dq_ref[...] = (dq / cfg.q_scale).astype(dq_ref.dtype)  # chain rule through q / sqrt(d)
 
 
+def _fused_bwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, o_ref,
+                      lse_ref, dq_ref, dk_ref, dv_ref, *, cfg):
+    """One (example, head) whose keys are one backward key block: dQ, dK and dV together.
+    q_ref, do_ref, o_ref: [q_pad, d]; k_ref, v_ref: [kv_pad, d]; qseg_ref: [q_pad];
+    kseg_ref: [kv_pad]; lse_ref: <f32>[q_pad]. Walks the query blocks once: each block's dQ
+    is complete (no other key block adds to it) and is written at once, while dK and dV
+    accumulate over the blocks in float32. D_i = rowsum(dO_i * O_i) is computed here from
+    the block's rows (each read once), instead of by a separate pass over O and dO.
+
+    Every query block is visited, with a window too: rows added to fill the last block have
+    a zero cotangent (dO = 0, so D = 0 and dS = 0) and add exactly zero to dK and dV, and
+    their dQ rows, sliced off later, are written finite."""
+    bq, _ = cfg.bwd_blocks
+    b, h = pl.program_id(0), pl.program_id(1)
+    k, v, k_seg = k_ref[...], v_ref[...], kseg_ref[...]
+
+    def body(i, carry):
+        dk, dv = carry
+        qs = pl.ds(i * bq, bq)
+        q, do = _scaled_q(q_ref[qs, :], cfg), do_ref[qs, :]
+        delta = jnp.sum(o_ref[qs, :].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
+        s, allowed = _scores(q, k, qseg_ref[qs], k_seg, i * bq, 0, cfg)
+        p = _probs(s, lse_ref[qs], i * bq, cfg)
+        pv = p.astype(v.dtype)
+        dp = _dot(do, v, trans_b=True)
+        if cfg.threshold:
+            keep = _keep(_row_hashes(params_ref, b, h, i * bq, bq, cfg), 0, k.shape[0], cfg)
+            pv = jnp.where(keep, pv, 0)
+            dp = jnp.where(keep, dp * cfg.keep_scale, 0.0)
+        dv = dv + _dot(pv, do, trans_a=True)
+        ds = jnp.where(allowed, p * (dp - delta[:, None]), 0.0).astype(q.dtype)
+        dk = dk + _dot(ds, q, trans_a=True)
+        dq_ref[qs, :] = (_dot(ds, k) / cfg.q_scale).astype(dq_ref.dtype)
+        return dk, dv
+
+    zeros = jnp.zeros(dk_ref.shape, jnp.float32)
+    dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body, (zeros, zeros))
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = (dv * cfg.keep_scale).astype(dv_ref.dtype)
+
+
+def _fused_backward(cfg, q, k, v, q_seg, kv_seg, params, o, lse, do):
+    """dq, dk, dv in one kernel, one program per (example, head): keys fit one block."""
+    batch, q_pad, heads, d = q.shape
+    kv_pad = k.shape[1]
+    full = lambda n: pl.BlockSpec((None, n, None, d), lambda b, h: (b, 0, h, 0))  # noqa: E731
+    seg = lambda n: pl.BlockSpec((None, n), lambda b, h: (b, 0))  # noqa: E731
+    return pl.pallas_call(
+        functools.partial(_fused_bwd_kernel, cfg=cfg),
+        grid=(batch, heads),
+        in_specs=[pl.BlockSpec((4,), lambda b, h: (0,)), full(q_pad), full(kv_pad),
+                  full(kv_pad), seg(q_pad), seg(kv_pad), full(q_pad), full(q_pad),
+                  pl.BlockSpec((None, None, q_pad), lambda b, h: (b, h, 0))],
+        out_specs=[full(q_pad), full(kv_pad), full(kv_pad)],
+        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
+        compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+        name="flash_attention_bwd_fused",
+    )(params, q, k, v, q_seg, kv_seg, do, o, lse)
+
+
 def _backward(cfg, res, do):
+    """o, do: the unpadded [batch, q_len, heads, head_dim] output and its cotangent."""
     q, k, v, q_seg, kv_seg, params, o, lse = res
     batch, q_pad, heads, d = q.shape
     kv_pad = k.shape[1]
     bq, bk = cfg.bwd_blocks
     do = do.astype(q.dtype)
-    # D_i = rowsum(dO * O) (FlashAttention-2); valid with dropout (see the module doc).
+
+    def pad(x):  # padded rows and columns of dO are zero: they add nothing to dQ, dK, dV
+        if x.shape == q.shape:
+            return x
+        return jnp.pad(x, ((0, 0), (0, q_pad - x.shape[1]), (0, 0), (0, d - x.shape[3])))
+
+    if kv_pad == bk:
+        return (*_fused_backward(cfg, q, k, v, q_seg, kv_seg, params, pad(o), lse, pad(do)),
+                None, None, None)
+    # D_i = rowsum(dO * O) (FlashAttention-2); valid with dropout (see the module doc); 0 on
+    # padded rows. One XLA pass here: each key block of the dK/dV kernel walks all query
+    # rows, so computing it inside would read O once per key block.
     delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(jnp.float32), do.astype(jnp.float32))
+    delta = jnp.pad(delta, ((0, 0), (0, 0), (0, q_pad - delta.shape[2])))
+    do = pad(do)
     args = (params, q, k, v, q_seg, kv_seg, do, lse, delta)
     full = lambda n: pl.BlockSpec((None, n, None, d), lambda x, b, h: (b, 0, h, 0))  # noqa: E731
     part = lambda n: pl.BlockSpec((None, n, None, d), lambda x, b, h: (b, x, h, 0))  # noqa: E731
@@ -528,12 +615,24 @@ def _backward(cfg, res, do):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
 def _flash(q, k, v, q_seg, kv_seg, params, cfg):
-    """Padded [batch, q_pad, heads, d_pad] attention output (see flash_attention)."""
-    return _forward(q, k, v, q_seg, kv_seg, params, cfg)[0]
+    """The [batch, q_len, heads, head_dim] attention output of padded inputs (see
+    flash_attention)."""
+    return _unpad(_forward(q, k, v, q_seg, kv_seg, params, cfg)[0], cfg)
+
+
+def _unpad(o, cfg):
+    if o.shape[1] == cfg.q_len and o.shape[3] == cfg.head_dim:
+        return o
+    return o[:, :cfg.q_len, :, :cfg.head_dim]
 
 
 def _flash_fwd(q, k, v, q_seg, kv_seg, params, cfg):
+    # The backward pass needs the output and the float32 log-sum-exp. Named, so that a remat
+    # policy that keeps "context" (the output, which the attention layer then uses
+    # unnamed: see attention_ops.names_context) and "attention_lse" keeps them, instead of
+    # running this kernel again in the backward pass.
     o, lse = _forward(q, k, v, q_seg, kv_seg, params, cfg)
+    o, lse = checkpoint_name(_unpad(o, cfg), "context"), checkpoint_name(lse, "attention_lse")
     return o, (q, k, v, q_seg, kv_seg, params, o, lse)
 
 
