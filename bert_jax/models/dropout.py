@@ -33,6 +33,7 @@ generators. `impl="jax"` stays available for bit-for-bit parity with flax.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -61,10 +62,14 @@ def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     """<uint32>[shape] pseudo-random bits, a pure function of (key, element index)."""
     if not shape:
         return jax.random.bits(key, (), jnp.uint32)
+    return _seeded_bits(jax.random.bits(key, (2,), jnp.uint32), shape)
+
+
+def _seeded_bits(seeds: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """hash_bits from the two <uint32> seeds it draws from its key (shape not empty)."""
     rows = math.prod(shape[:-1])
     if rows >= 2**32 or shape[-1] >= 2**32:
         raise ValueError(f"hash dropout supports < 2**32 rows and columns; got shape {shape}")
-    seeds = jax.random.bits(key, (2,), jnp.uint32)
     row = jnp.zeros(shape, jnp.uint32)
     for axis in range(len(shape) - 1):
         row = row * jnp.uint32(shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
@@ -101,7 +106,40 @@ class Dropout(nn.Module):
             keep_prob = 1.0 - self.rate
             mask = jax.random.bernoulli(key, p=keep_prob, shape=x.shape)
             return jax.lax.select(mask, x / keep_prob, jnp.zeros_like(x))
-        threshold = drop_threshold(self.rate)
-        keep = keep_mask(key, x.shape, self.rate)
-        scale = jnp.asarray(1.0 / (1.0 - threshold / 2.0**32), x.dtype)
-        return jnp.where(keep, x * scale, jnp.zeros((), x.dtype))
+        if x.ndim == 0:
+            keep = keep_mask(key, (), self.rate)
+            return jnp.where(keep, x * _hash_scale(self.rate, x.dtype), jnp.zeros((), x.dtype))
+        return hash_dropout(x, jax.random.bits(key, (2,), jnp.uint32), self.rate)
+
+
+def _hash_keep(seeds: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
+    return _seeded_bits(seeds, shape) >= jnp.uint32(drop_threshold(rate))
+
+
+def _hash_scale(rate: float, dtype) -> jax.Array:
+    return jnp.asarray(1.0 / (1.0 - drop_threshold(rate) / 2.0**32), dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def hash_dropout(x: jax.Array, seeds: jax.Array, rate: float) -> jax.Array:
+    """where(keep, x * scale, 0) with the hash mask of `seeds` (<uint32>[2]). Its gradient
+    regenerates the mask from the seeds instead of keeping it: automatic differentiation
+    would store a <bool> mask per element for the backward pass (a write and a read of
+    [batch, length, features] per dropout), where hashing again is arithmetic only. The
+    gradient's arithmetic is the one autodiff derives, so the values are the same."""
+    keep = _hash_keep(seeds, x.shape, rate)
+    return jnp.where(keep, x * _hash_scale(rate, x.dtype), jnp.zeros((), x.dtype))
+
+
+def _hash_dropout_fwd(x, seeds, rate):
+    return hash_dropout(x, seeds, rate), seeds
+
+
+def _hash_dropout_bwd(rate, seeds, g):
+    # The barrier keeps XLA from merging this mask with the forward pass's (the same pure
+    # function of the seeds), which would store it again.
+    keep = _hash_keep(jax.lax.optimization_barrier(seeds), g.shape, rate)
+    return jnp.where(keep, g, jnp.zeros((), g.dtype)) * _hash_scale(rate, g.dtype), None
+
+
+hash_dropout.defvjp(_hash_dropout_fwd, _hash_dropout_bwd)

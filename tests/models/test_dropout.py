@@ -132,6 +132,23 @@ def test_gradient_is_the_mask_times_scale():
     np.testing.assert_array_equal(g, y)  # d/dx (x * keep * s) = keep * s, and x = 1
 
 
+
+def test_gradient_regenerates_the_mask():
+    """The backward pass keeps the two seeds, not a mask per element, and its gradient is
+    autodiff's of the same expression bit for bit."""
+    x = jax.random.normal(jax.random.key(3), (2, 16, 64), jnp.bfloat16)
+    drop = lambda v: Dropout(rate=0.1, impl="hash").apply(  # noqa: E731
+        {}, v, deterministic=False, rngs={"dropout": jax.random.key(5)})
+    y, vjp = jax.vjp(drop, x)
+    assert [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves(vjp)] == [((2,), jnp.uint32)]
+    keep = y != 0  # x has no zeros
+    assert 0.05 < 1 - float(jnp.mean(keep)) < 0.15
+    scale = 1.0 / (1.0 - dropout_lib.drop_threshold(0.1) / 2.0**32)
+    ref = lambda v: jnp.where(keep, v * jnp.asarray(scale, v.dtype), jnp.zeros((), v.dtype))  # noqa: E731
+    np.testing.assert_array_equal(y, ref(x))
+    g = jax.random.normal(jax.random.key(6), x.shape, jnp.bfloat16)
+    np.testing.assert_array_equal(jax.jit(vjp)(g)[0], jax.vjp(ref, x)[1](g)[0])
+
 _MESH_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

@@ -68,11 +68,12 @@ def test_minimal_policies_keep_the_flash_kernels_output_and_lse_once(remat):
 
 def test_no_remat_keeps_probabilities_and_float32_copies():
     # The reference point the policies improve on: without remat the layer keeps the
-    # [heads, q, k] probabilities (before and after dropout) and the dropout masks.
+    # [heads, q, k] probabilities (before and after dropout); hash dropout keeps no mask
+    # (its gradient regenerates it from two seeds).
     config = tiny_config(num_hidden_layers=LAYERS, remat="none", scan_layers=True)
     kept = _stacked_residuals(config, 3, 16)
     assert kept[("float32", (3, config.num_attention_heads, 16, 16))] >= 2
-    assert kept[("bool", (3, config.num_attention_heads, 16, 16))] == 1
+    assert ("bool", (3, config.num_attention_heads, 16, 16)) not in kept
     assert sum(kept.values()) > 20
 
 
