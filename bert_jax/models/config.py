@@ -69,7 +69,7 @@ class BertConfig:
         layer's saved activations into and out of stacked buffers, more to compile), k > 1
         k layers per iteration (jax runs the layers a whole number of iterations leaves
         over unrolled after the loop, so k need not divide the depth; k >= the depth is
-        0), or "auto": 0 on GPU, 1 on TPU and CPU (`unroll_for`).
+        0), or "auto": 1 on TPU, 0 on GPU and CPU (`unroll_for`).
       dropout_rng: how dropout masks are drawn: "hash" (default: one threefry draw per
         call, then a counter-based hash per element; much cheaper masks on CPU, the same
         mask on any mesh; see models/dropout.py) or "jax" (flax's nn.Dropout,
@@ -243,15 +243,16 @@ class BertConfig:
                                       and value >= 0)):
             raise ConfigError(f"BertConfig.scan_unroll must be an integer >= 0 (layers per "
                               f"iteration of the scanned stack; 0: all unrolled) or 'auto' "
-                              f"(0 on GPU, 1 elsewhere), got {value!r}")
+                              f"(1 on TPU, 0 elsewhere), got {value!r}")
 
     def unroll_for(self, platform: str) -> int:
-        """scan_unroll on `platform` ("gpu", "tpu", "cpu"): "auto" unrolls every layer on
-        GPU, where the loop's stacked-buffer copies and its launches cost most of what it
-        saves, and keeps the loop on TPU (more memory and compile time unrolled, nothing
-        measured to gain) and CPU (compile time)."""
+        """scan_unroll on `platform` ("gpu", "tpu", "cpu"): "auto" keeps the loop on TPU,
+        where unrolled BERT-Large took more memory and compile time for no gain measured
+        yet, and unrolls every layer elsewhere: on GPU and CPU the loop's copies of each
+        layer's saved activations into and out of stacked buffers (and on GPU its extra
+        launches) cost more than a longer compile."""
         if self.scan_unroll == "auto":
-            return 0 if platform == "gpu" else 1
+            return 1 if platform == "tpu" else 0
         return self.scan_unroll
 
     def layer_window(self, index: int) -> int:

@@ -18,14 +18,14 @@ LAYERS = 3  # odd: scan_unroll=2 runs a loop step of two layers, then the third
 def test_scan_unroll_is_an_integer_at_least_0_or_auto(value):
     with pytest.raises(ConfigError, match=r"^BertConfig\.scan_unroll must be an integer >= 0 "
                                           r"\(layers per iteration of the scanned stack; 0: "
-                                          r"all unrolled\) or 'auto' \(0 on GPU, 1 "
+                                          r"all unrolled\) or 'auto' \(1 on TPU, 0 "
                                           r"elsewhere\), got "):
         tiny_config(scan_layers=True, scan_unroll=value)
 
 
-def test_auto_unrolls_on_gpu_only_and_a_string_number_is_a_number():
+def test_auto_keeps_the_loop_on_tpu_only_and_a_string_number_is_a_number():
     auto = tiny_config(scan_layers=True, scan_unroll="auto")
-    assert [auto.unroll_for(p) for p in ("gpu", "tpu", "cpu")] == [0, 1, 1]
+    assert [auto.unroll_for(p) for p in ("gpu", "tpu", "cpu")] == [0, 1, 0]
     # --config.model.scan_unroll=0 on a config that says "auto" (a string field)
     assert tiny_config(scan_unroll="0").scan_unroll == 0
     assert tiny_config(scan_unroll=2).unroll_for("gpu") == 2
@@ -95,6 +95,6 @@ def test_scan_unroll_0_leaves_no_loop_and_1_keeps_it():
     rolled = tiny_config(num_hidden_layers=LAYERS, scan_layers=True)
     assert _while_loops(rolled) == 1
     assert _while_loops(rolled.replace(scan_unroll=0)) == 0
-    assert _while_loops(rolled.replace(scan_unroll="auto")) == 1  # CPU: the loop
+    assert _while_loops(rolled.replace(scan_unroll="auto")) == 0  # CPU: unrolled
     # unscanned layers ignore it: a Python loop is unrolled already
     assert _while_loops(tiny_config(num_hidden_layers=LAYERS, scan_unroll=2)) == 0
