@@ -237,4 +237,5 @@ def describe(mcfg, attention: str) -> str:
     """The model line both scripts print first."""
     return (f"model: L={mcfg.num_hidden_layers} H={mcfg.hidden_size} "
             f"A={mcfg.num_attention_heads} dtype {mcfg.dtype}, remat {mcfg.remat}, "
-            f"attention {attention}, scan_layers {mcfg.scan_layers}")
+            f"attention {attention}, scan_layers {mcfg.scan_layers}"
+            + (f" (scan_unroll {mcfg.scan_unroll})" if mcfg.scan_layers else ""))

@@ -8,6 +8,11 @@ length 512, continuing phase 1's optimizer state, step and schedule:
         --config.data.train_files=... --config.data.eval_files=...
     python launch/train.py --config=configs/bert_base.py:phase2 --workdir=$W2 \
         --config.train.init_checkpoint=$W1 --config.data.train_files=<512-token files>
+
+The layers' params are stacked (`model.scan_layers`: the optimizer updates a few dozen
+arrays, not two hundred); the layers run unrolled on GPU and CPU and as a loop on TPU
+(`model.scan_unroll="auto"`). A workdir saved before Base stacked its layers resumes
+with `--config.model.scan_layers=false`; model directories load into either layout.
 """
 
 from bert_jax.models.config import model_config
@@ -17,5 +22,5 @@ from bert_jax.train.config import paper_pretraining_config
 def get_config(arg=None):
     model = model_config(
         vocab_size=30522, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-        intermediate_size=3072)
+        intermediate_size=3072, scan_layers=True, scan_unroll="auto")
     return paper_pretraining_config("bert_base", arg, model, mesh=dict(data=-1, fsdp=1, tensor=1))

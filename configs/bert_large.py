@@ -1,8 +1,10 @@
 """BERT-Large (L=24, H=1024, A=16, 340M params), the paper's recipe.
 
 Same schedule as configs/bert_base.py (phase 1: 900k steps at length 128; `:phase2`: the
-last 100k at 512 from phase 1's state). Layers are scanned (compile time independent of
-depth) and parameters + optimizer state are sharded over every device (FSDP); on a pod
+last 100k at 512 from phase 1's state). Layers are scanned (params stacked) and run as a
+loop on TPU (compile time independent of depth) but unrolled on GPU and CPU
+(`model.scan_unroll="auto"`: no loop, fewer kernels and bytes a step, a longer compile);
+parameters + optimizer state are sharded over every device (FSDP); on a pod
 with fast links, `--config.mesh.data=-1 --config.mesh.fsdp=8` trades memory for less
 all-gather traffic. `--config.model.dtype=bfloat16` (float32 params and optimizer state)
 is the TPU setting.
@@ -21,5 +23,6 @@ from bert_jax.train.config import paper_pretraining_config
 def get_config(arg=None):
     model = model_config(
         vocab_size=30522, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
-        intermediate_size=4096, scan_layers=True, remat="minimal_ffn")
+        intermediate_size=4096, scan_layers=True, scan_unroll="auto",
+        remat="minimal_ffn")
     return paper_pretraining_config("bert_large", arg, model, mesh=dict(data=1, fsdp=-1, tensor=1))

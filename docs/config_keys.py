@@ -129,6 +129,8 @@ DESCRIPTIONS = {
                    "minimal_ffn, dots_saveable, dots_with_no_batch_dims_saveable.",
     "model.scan_layers": "Run the layers with nn.scan (stacked parameters): compile time "
                          "independent of depth.",
+    "model.scan_unroll": "Scanned layers per loop step: 1 a loop, 0 all unrolled (longer "
+                         "compile), auto: 1 on TPU, 0 elsewhere. Same params.",
     "model.dropout_rng": "Dropout masks: `hash` (counter-based, the same on any mesh) or "
                          "`jax` (flax's nn.Dropout).",
     "model.attention": "Attention kernel: auto, xla, cudnn or pallas.",
@@ -253,6 +255,7 @@ DESCRIPTIONS = {
     "model_overrides.remat": "As `model.remat`.",
     "model_overrides.scan_layers": "As `model.scan_layers` (not for a pre-training workdir, "
                                    "restored as saved).",
+    "model_overrides.scan_unroll": "As `model.scan_unroll`.",
     "model_overrides.dropout_rng": "As `model.dropout_rng`.",
     "model_overrides.attention": "As `model.attention`.",
     "model_overrides.fused_qkv": "As `model.fused_qkv`.",

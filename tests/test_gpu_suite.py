@@ -83,7 +83,9 @@ def test_smoke_run(tmp_path):
         cells = rows[(case, "default")]
         assert len(cells) == 12, cells
         assert cells[2] == "auto->xla", cells
-        assert cells[3] == ("none" if case == "base128" else "minimal_ffn+scan"), cells
+        # the configs' scan_unroll "auto" unrolls on CPU (and GPU)
+        assert cells[3] == ("none" if case == "base128" else "minimal_ffn") + \
+            "+scan(unroll=0)", cells
         jax_ms, jax_seq, mfu, torch_ms, torch_seq = map(_positive, cells[4:9])
         assert cells[6].endswith("%") and mfu < 100, cells
         assert cells[9] == "n/a" and cells[11] == "-", cells  # no torch.compile in smoke
@@ -150,7 +152,7 @@ def test_smoke_run(tmp_path):
         assert ours["model"] == dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2,
                                      intermediate_size=512, vocab_size=30522), ours
         assert ours["dtype"] == "bfloat16" and ours["attention_resolved"] == "xla", ours
-        assert ours["scan_layers"] is (case != "base128"), ours
+        assert ours["scan_layers"] is True and ours["scan_unroll"] == 0, ours
         assert 0 < ours["mfu"] < 1 and ours["flops_per_example"] > 0 and ours["compile_s"] > 0
         assert ours["n_params"] == theirs["n_params"], (ours, theirs)  # the same model
         assert ours["gemms"] == dict(gemms=0, autotuned=0, by_backend={}, configs={}), ours
@@ -341,11 +343,12 @@ def test_default_variants_cover_a_first_gpu_session():
     got = [(sorted(only), overrides) for _, overrides, only in
            suite.parse_variants(suite.DEFAULT_VARIANTS, cases)]
     base, large = ["base128"], ["large128"]
-    assert got[:5] == [
+    assert got[:6] == [
         (base, {"xla_flags": "--xla_gpu_enable_triton_gemm=false"}),
         (base, {"xla_flags": "--xla_gpu_enable_command_buffer="}),
         (base, {"attention": "cudnn", "attention_probs_dropout_prob": 0}),
         (base, {"attention": "pallas", "attention_probs_dropout_prob": 0}),
+        (sorted(base + large), {"scan_unroll": 1}),  # the rolled loop against the default
         (large, {"scan_layers": False})], got
     assert (base, {"pallas_block_q": 64, "pallas_block_k": 128}) in got
     assert (large, {"remat": "none"}) in got and (base, {"attention": "xla"}) in got
@@ -355,3 +358,13 @@ def test_default_variants_cover_a_first_gpu_session():
     for _, overrides in got:
         model = {k: v for k, v in overrides.items() if k != "xla_flags"}
         BertConfig(**model)
+
+
+def test_a_rows_layer_cell_says_how_its_layers_ran():
+    report = _suite_module("report")
+    assert report.layers_tag({"scan_layers": False, "scan_unroll": 0}) == ""
+    assert report.layers_tag({"scan_layers": True, "scan_unroll": 1}) == "+scan"
+    assert report.layers_tag({"scan_layers": True, "scan_unroll": 0}) == "+scan(unroll=0)"
+    assert report.jax_cells({"case": "large128", "variant": "default", "remat": "minimal_ffn",
+                             "scan_layers": True, "scan_unroll": 0},
+                            report.Notes())[3] == "minimal_ffn+scan(unroll=0)"

@@ -59,7 +59,7 @@ def case_config(spec: dict):
         real = config
         config = load_config(SMOKE_CONFIG)
         with config.unlocked():
-            for key in ("scan_layers", "remat"):
+            for key in ("scan_layers", "scan_unroll", "remat"):
                 if key in real.model:
                     config.model[key] = real.model[key]
     with config.unlocked():

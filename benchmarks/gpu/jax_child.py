@@ -21,6 +21,7 @@ def run(spec: dict, out: dict) -> dict:
     import jax
     import numpy as np
 
+    from bert_jax.models.attention_ops.backend import platform_name
     from bert_jax.models.config import from_config_dict
     from pretrain_step import build, step_config
 
@@ -33,6 +34,7 @@ def run(spec: dict, out: dict) -> dict:
                dropout_rng=config.model.get("dropout_rng", "?"))
     mcfg = from_config_dict(config.model)
     describe(config, mcfg, dev.platform, out)
+    out["scan_unroll"] = mcfg.unroll_for(platform_name(dev.platform))  # what "auto" ran as
     built = build(config, spec["batch"], spec["seq"], spec["preds"], dropout=True)
     out["compile_s"] = built["compile_s"]
     try:

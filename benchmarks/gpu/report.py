@@ -173,13 +173,22 @@ class Notes:
         return f"ERR[{n}]"
 
 
+def layers_tag(r: dict) -> str:
+    """How a row ran its layers, after its remat: '' (a Python loop), '+scan' (a rolled
+    nn.scan), '+scan(unroll=0)' (stacked params, every layer unrolled) or '(unroll=k)'."""
+    if not r.get("scan_layers"):
+        return ""
+    unroll = r.get("scan_unroll", 1)
+    return "+scan" + (f"(unroll={unroll})" if unroll != 1 else "")
+
+
 def describe_jax(r: dict) -> str:
     if "error" in r:
         return f"ERROR {r['error']}"
     return (f"{fmt(r.get('ms_per_step'), '.1f')} ms/step, {fmt(r.get('seq_per_s'), '.1f')} "
             f"seq/s, MFU {fmt(100 * r['mfu'] if 'mfu' in r else None, '.1f')}%, attention "
             f"{r.get('attention')}->{r.get('attention_resolved')}, remat {r.get('remat')}"
-            f"{'+scan' if r.get('scan_layers') else ''}; compile {fmt(r.get('compile_s'), '.1f')}"
+            f"{layers_tag(r)}; compile {fmt(r.get('compile_s'), '.1f')}"
             f" s, temp {fmt(r.get('temp_gib'), '.2f')} GiB, peak {fmt(r.get('peak_gib'), '.2f')}"
             f" GiB, loss {fmt(r.get('loss'), '.3f')}")
 
@@ -227,7 +236,7 @@ def jax_cells(r: dict, notes: Notes) -> list:
     tag = notes.cell(r, f"{r['case']} bert_jax {r['variant']}")
     cells = [r["case"], r["variant"],
              f"{r.get('attention', '?')}->{r.get('attention_resolved', '?')}",
-             f"{r.get('remat', '?')}{'+scan' if r.get('scan_layers') else ''}"]
+             f"{r.get('remat', '?')}{layers_tag(r)}"]
     if tag:
         return cells + [tag, "-", "-"]
     return cells + [fmt(r.get("ms_per_step"), ".1f"), fmt(r.get("seq_per_s"), ".1f"),

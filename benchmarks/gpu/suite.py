@@ -22,11 +22,13 @@ benchmarks/RESULTS.md); for a first session on a GPU also, at base128, cuBLAS in
 Triton GEMMs (--xla_gpu_enable_triton_gemm=false), no CUDA-graph command buffers
 (--xla_gpu_enable_command_buffer=, the empty set), cuDNN against the Pallas kernel with
 attention dropout off (attention_probs_dropout_prob=0, as cuDNN needs), and a Pallas tiling
-(model.pallas_block_q / pallas_block_k); at large128 unscanned layers (scan_layers=false).
+(model.pallas_block_q / pallas_block_k); at base128 and large128 the stacked layers run as a
+rolled loop (scan_unroll=1) against the configs' unrolled default, and at large128 unscanned
+layers (scan_layers=false).
 Each row also says how many of its GEMMs the compile autotuned (gemms.py).
 
 --smoke runs the same code paths on CPU with tiny sizes: configs/bert_tiny.py with the case
-config's scan_layers / remat, batch 4 x 32 (2 x 64 for large512), a tiny HF BertConfig of the
+config's scan_layers / scan_unroll / remat, batch 4 x 32 (2 x 64 for large512), a tiny HF BertConfig of the
 same sizes, torch without autocast and without fused AdamW, torch.compile only when
 --compile_cases names a case, 1 warmup + 2 timed steps."""
 
@@ -48,13 +50,15 @@ from .profile import profile_section
 # Most informative first (a case's variants run in this order, and --deadline_s skips the
 # last ones): the GEMM backend and the launch mechanism (GEMMs are most of the step; an
 # earlier build ran ~4x its static estimate for reasons never found), cuDNN against our
-# kernel on equal terms (no attention dropout: cuDNN has none), the unscanned layers the
-# static audit favours for Large, then the older rows and one Pallas tiling.
+# kernel on equal terms (no attention dropout: cuDNN has none), the rolled layer loop the
+# unrolled default replaced (scan_unroll=1) and unscanned layers, then the older rows and
+# one Pallas tiling.
 DEFAULT_VARIANTS = ";".join([
     "base128:xla_flags=--xla_gpu_enable_triton_gemm=false",
     "base128:xla_flags=--xla_gpu_enable_command_buffer=",  # the empty set: no command buffers
     "base128:attention=cudnn,attention_probs_dropout_prob=0",
     "base128:attention=pallas,attention_probs_dropout_prob=0",
+    "base128+large128:scan_unroll=1",
     "large128:scan_layers=false",
     "large128:remat=none",
     "base128:attention=xla",

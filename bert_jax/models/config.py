@@ -63,6 +63,13 @@ class BertConfig:
         (parameters unchanged); False keeps three products (the XLA path's numerics).
       scan_layers: run the layer stack with `nn.scan` (params stacked on a leading
         "layers" axis): compile time independent of depth.
+      scan_unroll: how the scanned stack runs (scan_layers only; the params are the same
+        whatever it is, the float32 results up to summation order): 1 a loop of one layer
+        per iteration, 0 every layer unrolled (no loop: none of the loop's copies of each
+        layer's saved activations into and out of stacked buffers, more to compile), k > 1
+        k layers per iteration (jax runs the layers a whole number of iterations leaves
+        over unrolled after the loop, so k need not divide the depth; k >= the depth is
+        0), or "auto": 1 on TPU, 0 on GPU and CPU (`unroll_for`).
       dropout_rng: how dropout masks are drawn: "hash" (default: one threefry draw per
         call, then a counter-based hash per element; much cheaper masks on CPU, the same
         mask on any mesh; see models/dropout.py) or "jax" (flax's nn.Dropout,
@@ -118,6 +125,7 @@ class BertConfig:
     param_dtype: str = "float32"
     remat: str = "none"
     scan_layers: bool = False
+    scan_unroll: int | str = 1
     dropout_rng: str = "hash"
     attention: str = "auto"
     fused_qkv: bool = False
@@ -172,6 +180,7 @@ class BertConfig:
         if self.dropout_rng not in DROPOUT_RNGS:
             raise ConfigError(
                 f"BertConfig.dropout_rng={self.dropout_rng!r}; expected one of {DROPOUT_RNGS}")
+        self._check_scan_unroll()
         for key in ("dtype", "param_dtype"):
             if getattr(self, key) not in DTYPES:
                 raise ConfigError(f"BertConfig.{key}={getattr(self, key)!r}; expected one of {DTYPES}")
@@ -224,6 +233,27 @@ class BertConfig:
                 f"(global_attn_every_n_layers={self.global_attn_every_n_layers}, "
                 f"num_hidden_layers={self.num_hidden_layers}); set "
                 f"global_attn_every_n_layers > 1, or local_attention=0")
+
+    def _check_scan_unroll(self) -> None:
+        value = self.scan_unroll
+        if isinstance(value, str) and value.strip().isdigit():
+            # A command-line override of a config that says "auto" arrives as a string.
+            object.__setattr__(self, "scan_unroll", int(value))
+        elif not (value == "auto" or (isinstance(value, int) and not isinstance(value, bool)
+                                      and value >= 0)):
+            raise ConfigError(f"BertConfig.scan_unroll must be an integer >= 0 (layers per "
+                              f"iteration of the scanned stack; 0: all unrolled) or 'auto' "
+                              f"(1 on TPU, 0 elsewhere), got {value!r}")
+
+    def unroll_for(self, platform: str) -> int:
+        """scan_unroll on `platform` ("gpu", "tpu", "cpu"): "auto" keeps the loop on TPU,
+        where unrolled BERT-Large took more memory and compile time for no gain measured
+        yet, and unrolls every layer elsewhere: on GPU and CPU the loop's copies of each
+        layer's saved activations into and out of stacked buffers (and on GPU its extra
+        launches) cost more than a longer compile."""
+        if self.scan_unroll == "auto":
+            return 1 if platform == "tpu" else 0
+        return self.scan_unroll
 
     def layer_window(self, index: int) -> int:
         """Half width of layer `index`'s attention window: keys j with |i - j| <= it;
@@ -329,6 +359,9 @@ def model_config(**overrides):
         raise ConfigError(f"model_config: unknown BERT config key(s) {unknown}")
     base.update(overrides)
     BertConfig(**base)  # validate now, not at the first step
+    # An integer or "auto" in any config, set from Python or the command line (a plain
+    # field would keep the type of the config's own value).
+    base["scan_unroll"] = ml_collections.FieldReference(base["scan_unroll"], field_type=object)
     return ml_collections.ConfigDict(base)
 
 

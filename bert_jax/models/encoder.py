@@ -25,6 +25,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models.attention import BertSelfAttention
+from bert_jax.models.attention_ops import platform
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
 from bert_jax.models.layers import activation, dense, layer_norm
@@ -110,8 +111,13 @@ class BertEncoder(nn.Module):
     def __call__(self, x, mask, deterministic: bool = True, positions=None):
         c = self.config
         layer_cls = BertLayer
+        unroll = c.unroll_for(platform())
         if c.remat != "none":
-            layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+            # A rolled scan keeps XLA from merging the backward pass's recomputation with the
+            # forward pass (they are in different loops); straight-line layers (unscanned or
+            # unrolled) need remat's barriers for that, else the recomputed values are kept.
+            rolled = c.scan_layers and unroll == 1
+            layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[c.remat], prevent_cse=not rolled)
         if c.scan_layers:
             first = 0
             if not c.layer0_attention_norm:
@@ -123,12 +129,15 @@ class BertEncoder(nn.Module):
                         jnp.arange(first, c.num_hidden_layers, dtype=jnp.int32))
             else:
                 in_axes, args = nn.broadcast, (mask, positions)
+            length = c.num_hidden_layers - first
             stack = nn.scan(
                 layer_cls,
                 variable_axes={"params": 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=in_axes,
-                length=c.num_hidden_layers - first,
+                length=length,
+                # execution only: the params stay stacked [length, ...] whatever it is
+                unroll=min(unroll or length, length),
                 metadata_params={nn.PARTITION_NAME: "layers"},
             )
             x, _ = stack(c, deterministic, scanned=True, index=first, name="layers")(x, *args)

@@ -38,7 +38,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.model_overrides = ml_collections.ConfigDict(dict(
         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
         dtype=placeholder(str), param_dtype=placeholder(str), remat=placeholder(str),
-        scan_layers=placeholder(bool), dropout_rng=placeholder(str),
+        scan_layers=placeholder(bool), scan_unroll=ml_collections.FieldReference(None, field_type=object),
+        dropout_rng=placeholder(str),
         attention=placeholder(str), fused_qkv=placeholder(bool),
         pallas_block_q=placeholder(int), pallas_block_k=placeholder(int),
         pallas_bwd_block_q=placeholder(int), pallas_bwd_block_k=placeholder(int),

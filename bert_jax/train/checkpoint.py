@@ -274,10 +274,25 @@ def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
         differ += sorted(k for k in saved if k not in wanted)
     if differ:
         k = differ[0]
+        layout = layer_layout(saved)
+        hint = (f" (its layers are saved with model.scan_layers={layout}: set "
+                f"--config.model.scan_layers={str(layout).lower()})"
+                if layout is not None and layout != layer_layout(wanted) else "")
         raise faults.CheckpointMismatchError(
             f"{directory}/{step} holds another model than the config: params/{'/'.join(k)} "
             f"is {saved.get(k, 'missing')} there, {wanted.get(k, 'missing')} in the config "
-            f"({len(differ)} parameter(s) differ); {remedy}")
+            f"({len(differ)} parameter(s) differ); {remedy}{hint}")
+
+
+def layer_layout(keys) -> Optional[bool]:
+    """Whether parameter keys (tuples or "/"-joined strings) hold the encoder's layers
+    stacked (model.scan_layers=True: `encoder/layers`) or one tree per layer (`encoder/
+    layer_<i>` only); None without an encoder."""
+    parts = [k.split("/") if isinstance(k, str) else list(k) for k in keys]
+    names = {p[i + 1] for p in parts for i in range(len(p) - 1) if p[i] == "encoder"}
+    if "layers" in names:
+        return True
+    return False if any(n.startswith("layer_") for n in names) else None
 
 
 def to_numpy(tree):

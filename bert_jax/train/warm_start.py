@@ -260,9 +260,15 @@ def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[st
     want = flat_shapes({k: abstract_params[k] for k in taken})
     missing = sorted(k for k in want if k not in got)
     if missing:
+        layout = ckpt_lib.layer_layout(got)
+        hint = (f"; its layers are saved with model.scan_layers={layout} and a training "
+                f"workdir restores only into that layout: set --config.model.scan_layers="
+                f"{str(layout).lower()}, or start from a model directory (`python -m "
+                f"bert_jax.convert from-workdir` writes one; params only)"
+                if layout is not None and layout != ckpt_lib.layer_layout(want) else "")
         raise InitCheckpointError(
             f"train.init_checkpoint={source.path}: tensors missing: {missing[0]} ... "
-            f"({len(missing)} in all; the checkpoint has {sorted(got)[:5]} ...)")
+            f"({len(missing)} in all; the checkpoint has {sorted(got)[:5]} ...){hint}")
     grown = {}
     for k, shape in sorted(want.items()):
         old, new = tuple(got[k]), tuple(shape)

@@ -24,7 +24,8 @@ def test_reads_and_writes_original_format(tmp_path):
     assert json.loads(out.read_text()) == ORIGINAL_BASE
     full = json.loads(config.to_json_string())
     assert set(full) == set(ORIGINAL_KEYS) | {"layer_norm_eps", "pre_ln", "dtype", "param_dtype",
-                                              "remat", "scan_layers", "dropout_rng",
+                                              "remat", "scan_layers", "scan_unroll",
+                                              "dropout_rng",
                                               "attention", "fused_qkv", "pallas_block_q",
                                               "pallas_block_k", "pallas_bwd_block_q",
                                               "pallas_bwd_block_k", "pallas_num_warps",

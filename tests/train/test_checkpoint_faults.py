@@ -257,6 +257,31 @@ def test_warm_start_of_another_size_fails_before_any_tensor_is_read(
                           f"'intermediate_size': (512, 3072)}}"), msg
 
 
+def test_a_workdir_of_the_other_layer_layout_names_scan_layers(tmp_path, stand_in):
+    """A run saved with one tree per layer (configs/bert_base.py before it scanned its
+    layers), resumed or warm-started with stacked layers: one line naming the setting."""
+    from bert_jax.train.checkpoint_faults import CheckpointMismatchError
+    from bert_jax.train.warm_start import InitCheckpointError
+
+    _train(_config(steps=1, every=1), tmp_path / "old")
+    scanned = _config(steps=2, every=1)
+    scanned.model.scan_layers = True
+    with pytest.raises(CheckpointMismatchError) as err:
+        _train(scanned, tmp_path / "old")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.endswith(
+        "(its layers are saved with model.scan_layers=False: set "
+        "--config.model.scan_layers=false)"), msg
+    scanned.train.init_checkpoint = str(tmp_path / "old")
+    with pytest.raises(InitCheckpointError) as err:
+        _train(scanned, tmp_path / "new")
+    msg = str(err.value)
+    assert "\n" not in msg and "tensors missing: bert/encoder/layers/" in msg, msg
+    assert "its layers are saved with model.scan_layers=False and a training workdir " \
+           "restores only into that layout: set --config.model.scan_layers=false" in msg, msg
+    assert not (tmp_path / "new" / "checkpoints").exists()
+
+
 # --- 6. checkpoint.every=0 --------------------------------------------------------------
 
 def test_checkpoint_every_0_saves_at_the_end_only(tmp_path, stand_in):
