@@ -20,7 +20,9 @@ class BertSelfAttention(nn.Module):
     shard heads without reshapes; the Hugging Face / TF layout is a reshape of these.
 
     Names for the remat policies (models/remat.py): "query", "key", "value" (projections,
-    compute dtype) and "context" (the attention output before the output projection).
+    compute dtype) and "context" (the attention output before the output projection). On
+    a path that adds the Q, K, V biases itself (attention_ops.takes_biases: the Pallas
+    kernel on GPU) the projections are handed over, and named, before their biases.
 
     Rotary positions (`position_embedding="rotary"`) rotate Q and K before the attention
     path, with the layer's base (`rope_theta`, or `local_rope_theta` in a local layer). A
@@ -39,27 +41,6 @@ class BertSelfAttention(nn.Module):
         positions (None: 0 .. length - 1). local: whether this is a sliding-window layer,
         a Python bool, or a traced <bool>[] under nn.scan (the layers then share one body)."""
         c = self.config
-        proj = lambda name, dtype=c.compute_dtype, **kw: DenseGeneral(  # noqa: E731
-            features=(c.num_attention_heads, c.head_dim), axis=-1, use_bias=c.use_bias,
-            dtype=dtype, param_dtype=c.storage_dtype,
-            kernel_init=weight_init(c, ("embed", "heads", "kv")),
-            bias_init=zeros_init(("heads", "kv")), name=name, **kw)
-        if c.fused_qkv:
-            q, k, v = _fused_projection(proj, x, c.compute_dtype)
-        else:  # [batch, length, heads, kv] each
-            q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
-        if c.position_embedding == "rotary":
-            if positions is None:
-                positions = jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
-            theta = c.rope_theta
-            if c.local_attention and local is not False:
-                theta = jnp.where(local, jnp.float32(c.local_rope_theta),
-                                  jnp.float32(c.rope_theta))
-            q, k = rotary(q, positions, theta), rotary(k, positions, theta)
-        q = checkpoint_name(q, "query")
-        k = checkpoint_name(k, "key")
-        v = checkpoint_name(v, "value")
-
         drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
         packed = jnp.issubdtype(mask.dtype, jnp.integer)
@@ -75,6 +56,44 @@ class BertSelfAttention(nn.Module):
             return attention_ops.resolve(c.attention, attention_ops.platform(), c, training,
                                          packed=packed, **kw)
 
+        # The paths this call may take: (impl,) or, for a traced local flag (nn.scan), the
+        # local and the global layers' paths.
+        one_path = not window or local is True
+        paths = (impl_for(window),) if one_path else (impl_for(window), impl_for(0))
+        # A kernel that adds the Q, K, V biases itself is handed the projections before
+        # them (what the remat policies then keep as "query", "key", "value"), so that the
+        # biased copies are never written. Only where that is the same sum and rounding as
+        # the add here (float32 bias, no rotation between the add and the kernel).
+        defer = (c.use_bias and c.position_embedding != "rotary"
+                 and all(attention_ops.takes_biases(p) for p in paths)
+                 and jnp.promote_types(c.compute_dtype, c.storage_dtype) == jnp.float32)
+        proj = lambda name, dtype=c.compute_dtype, **kw: DenseGeneral(  # noqa: E731
+            features=(c.num_attention_heads, c.head_dim), axis=-1, use_bias=c.use_bias,
+            dtype=dtype, param_dtype=c.storage_dtype,
+            kernel_init=weight_init(c, ("embed", "heads", "kv")),
+            bias_init=zeros_init(("heads", "kv")), name=name, **kw)
+        biases = None
+        if c.fused_qkv:
+            q, k, v, biases = _fused_projection(proj, x, c.compute_dtype, defer)
+        elif defer:
+            (q, k, v), biases = zip(*(_unbiased_projection(proj, name, x)
+                                      for name in ("query", "key", "value")))
+        else:  # [batch, length, heads, kv] each
+            q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
+        if biases is not None:
+            biases = tuple(b.astype(jnp.float32) for b in biases)
+        if c.position_embedding == "rotary":
+            if positions is None:
+                positions = jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
+            theta = c.rope_theta
+            if c.local_attention and local is not False:
+                theta = jnp.where(local, jnp.float32(c.local_rope_theta),
+                                  jnp.float32(c.rope_theta))
+            q, k = rotary(q, positions, theta), rotary(k, positions, theta)
+        q = checkpoint_name(q, "query")
+        k = checkpoint_name(k, "key")
+        v = checkpoint_name(v, "value")
+
         def attend(impl, w, band_on=True):
             if impl == "xla":
                 # [batch, 1, k] key mask, or [batch, q, k] block-diagonal for packed rows.
@@ -86,17 +105,16 @@ class BertSelfAttention(nn.Module):
             kw = {"window": w} if w else {}  # global layers call it exactly as before
             return attention_ops.fused(
                 impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
-                dropout_key=dropout_key, pallas_options=c.pallas_options, **kw)
+                dropout_key=dropout_key, pallas_options=c.pallas_options, biases=biases,
+                **kw)
 
-        if not window or local is True:
-            impl = impl_for(window)
+        if one_path:
+            impl, = paths
             if impl != "xla" and training:
                 dropout_key = drop.make_key()
             ctx = attend(impl, window)
-            paths = (impl,)
         else:  # a traced flag (nn.scan): one body for local and global layers
-            local_impl, global_impl = impl_for(window), impl_for(0)
-            paths = (local_impl, global_impl)
+            local_impl, global_impl = paths
             if local_impl == global_impl == "xla":  # the band lifted on global layers
                 ctx = attend("xla", window, local)
             elif "xla" in (local_impl, global_impl):
@@ -149,14 +167,34 @@ def rotary(x, positions, theta):
     return (xf * cos + rotated * sin).astype(x.dtype)
 
 
-def _fused_projection(proj, x, dtype):
+def _unbiased_projection(proj, name, x):
+    """(x W, bias) of the DenseGeneral `name`: its product before the bias, exactly the one
+    it computes (its own dot_general, recorded), and its bias parameter (as it promotes
+    it). The module's biased output is left unused (the compiled step drops it); the
+    parameters are the module's, unchanged."""
+    seen = {}
+
+    def dot_general(lhs, rhs, dims, precision=None):
+        seen["product"] = jax.lax.dot_general(lhs, rhs, dims, precision=precision)
+        return seen["product"]
+
+    def promote(inputs, kernel, bias, dtype=None, inexact=True):
+        seen["bias"] = bias
+        return DenseGeneral.promote_dtype(inputs, kernel, bias, dtype=dtype, inexact=inexact)
+
+    proj(name, dot_general=dot_general, promote_dtype=promote)(x)
+    return seen["product"], seen["bias"]
+
+
+def _fused_projection(proj, x, dtype, defer_bias=False):
     """Q, K, V from one [embed] x [embed, 3, heads, kv] product (and one product for the
     input gradient in the backward pass) instead of three, with the parameters of the
     three DenseGenerals unchanged (names, shapes, initialisation: checkpoints and converters
     see no difference). Each DenseGeneral, in the dtype of its parameters, is applied to a
     single zero row with a dot_general that hands back its kernel, so its output is its
     bias; the product runs in the compute `dtype` and the bias is added as DenseGeneral
-    adds it (models/layers.py)."""
+    adds it (models/layers.py), or with `defer_bias` returned beside them instead:
+    (q, k, v, (q_bias, k_bias, v_bias) or None)."""
     kernels, biases = [], []
     for name in ("query", "key", "value"):
         grabbed = {}
@@ -172,5 +210,8 @@ def _fused_projection(proj, x, dtype):
     kernel = jnp.stack(kernels, axis=1)  # [embed, 3, heads, kv]
     kernel = nn.with_logical_constraint(kernel, ("embed", None, "heads", "kv"))
     x = x.astype(dtype)
-    qkv = add_bias(jnp.einsum("ble,ethd->blthd", x, kernel), jnp.stack(biases))
-    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # each [b, l, heads, kv]
+    qkv = jnp.einsum("ble,ethd->blthd", x, kernel)
+    if not defer_bias:
+        qkv = add_bias(qkv, jnp.stack(biases))
+    # each [b, l, heads, kv]
+    return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], tuple(biases) if defer_bias else None

@@ -178,3 +178,23 @@ def test_tpu_splash_path_equals_xla_in_interpret_mode(length):
     empty = mask.at[2].set(False)
     out, vjp = jax.vjp(lambda *a: splash_tpu.attention(*a, empty, interpret=True), q, k, v)
     assert all(bool(jnp.all(jnp.isfinite(x))) for x in (out,) + vjp(cot))
+
+
+@pytest.mark.parametrize("fused_qkv", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_pallas_path_adds_the_projection_biases_in_the_kernel(fused_qkv):
+    # The Pallas kernel takes the projections before their biases and adds them itself:
+    # through the model (random biases, dropout on) the outputs and every gradient, the
+    # biases' included, are the XLA path's, where the projections add them.
+    config = tiny_config(attention_probs_dropout_prob=0.3, fused_qkv=fused_qkv)
+    params = _params(config)
+    keys = iter(jax.random.split(jax.random.PRNGKey(3), 8))
+    for layer in ("layer_0", "layer_1"):
+        attn = params["bert"]["encoder"][layer]["attention"]
+        for name in ("query", "key", "value"):
+            b = attn[name]["bias"]
+            attn[name]["bias"] = jax.random.normal(next(keys), b.shape, b.dtype)
+    want = _outputs_and_grads(config, params, deterministic=False)
+    got = _outputs_and_grads(config.replace(attention="pallas"), params, deterministic=False)
+    _assert_close(got, want)
+    bias_grad = got[1]["bert"]["encoder"]["layer_0"]["attention"]["query"]["bias"]
+    assert float(jnp.abs(bias_grad).max()) > 1e-3

@@ -61,8 +61,11 @@ def test_fused_paths_get_the_window_on_local_layers_only(scan, monkeypatch):
     calls = []
 
     def fused(impl, q, k, v, kv_mask, *, dropout_rate=0.0, dropout_key=None,
-              pallas_options=None, **window):
+              pallas_options=None, biases=None, **window):
         calls.append(window)
+        if biases is not None:  # a path that adds the projection biases itself
+            q, k, v = ((x.astype(jnp.float32) + b).astype(x.dtype)
+                       for x, b in zip((q, k, v), biases))
         m = kv_mask[:, None, :]
         if window:
             m = m & band_mask(q.shape[1], window["window"])

@@ -311,3 +311,136 @@ def test_config_rejects_bad_tuning_fields(change, message):
 
     with pytest.raises(ConfigError, match=message):
         BertConfig(**change)
+
+
+def _biases(heads, head_dim, seed=11):
+    return tuple(jax.random.normal(r, (heads, head_dim), jnp.float32)
+                 for r in jax.random.split(jax.random.key(seed), 3))
+
+
+def _with_biases(fn, q, k, v, w, biases):
+    """(out, dq, dk, dv, dq_bias, dk_bias, dv_bias) of fn(q, k, v, biases)."""
+    out, vjp = jax.vjp(fn, q, k, v, biases)
+    dq, dk, dv, db = vjp(w)
+    return (out, dq, dk, dv, *db)
+
+
+BIAS_NAMES = ("out", "dq", "dk", "dv", "dq_bias", "dk_bias", "dv_bias")
+
+
+# (length, rate, options, backward kernels): the fused backward over two query blocks; the
+# split one over 2 x 2 blocks; both with a length padded inside (24 -> 32).
+@pytest.mark.parametrize("length, rate, options, want", [
+    (24, 0.5, dict(bwd_block_q=16), FUSED),
+    pytest.param(32, 0.0, dict(block_q=16, block_k=16), SPLIT, marks=pytest.mark.slow),
+    (24, 0.1, dict(block_q=16, block_k=16), SPLIT),
+])
+def test_biases_added_in_the_kernel_match_the_reference(length, rate, options, want):
+    # q, k, v before their per-head biases: against the reference on q + q_bias, ... (the
+    # separate add the model does without them), outputs, q, k, v gradients and the bias
+    # gradients (their sums over examples and tokens).
+    heads, head_dim = 2, 12  # head dim padded to 16 inside: the bias is padded with zeros
+    q, k, v, w = _inputs(3, length, heads, head_dim, seed=9)
+    biases = _biases(heads, head_dim)
+    q_seg, kv_seg = _padding(3, length)
+    assert _kernel_names(length, **options)[0] == want
+
+    def reference(q, k, v, b):
+        return _reference(q + b[0], k + b[1], v + b[2], q_seg, kv_seg, rate)
+
+    def kernel(q, k, v, b):
+        return pallas_flash.flash_attention(q, k, v, q_seg, kv_seg, biases=b, dropout_rate=rate,
+                                            seeds=_seeds(rate) if rate else None, **options)
+
+    want_all = _with_biases(reference, q, k, v, w, biases)
+    got = _with_biases(kernel, q, k, v, w, biases)
+    # The key bias adds q . k_bias to every score of a row, which the softmax ignores: its
+    # gradient is zero up to rounding on both paths, so it is checked against the sum of dK.
+    keep = [0, 1, 2, 3, 4, 6]
+    assert_close([got[i] for i in keep], [want_all[i] for i in keep],
+                 names=[BIAS_NAMES[i] for i in keep])
+    assert np.abs(np.asarray(want_all[5])).max() < 1e-4
+    # each bias gradient is the sum of its projection's gradient over examples and tokens
+    for d, db in zip(got[1:4], got[4:]):
+        np.testing.assert_allclose(db, np.asarray(d).sum((0, 1)), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options, want", [(dict(bwd_block_q=16), FUSED),
+                                           (dict(block_q=16, block_k=16), SPLIT)])
+def test_biases_with_packed_rows_and_a_window(options, want):
+    # Packed segments (and padding) inside a sliding window of 5, dropout on, length 30
+    # padded to 32: the window's block ranges and the packed masks with biased tiles.
+    from bert_jax.models.attention import band_mask
+
+    length, window, rate = 30, 5, 0.1
+    q, k, v, w = _inputs(2, length, 2, 16, seed=12)
+    biases = _biases(2, 16, seed=13)
+    seg = np.zeros((2, length), np.int32)
+    seg[0, :13], seg[0, 13:24], seg[1, :20] = 1, 2, 1
+    seg = jnp.asarray(seg)
+    assert _kernel_names(length, **options)[0] == want
+    mask = (seg[:, :, None] == seg[:, None, :]) & band_mask(length, window)
+
+    def reference(q, k, v, b):
+        dropout = lambda p: Dropout(rate, impl="hash").apply(  # noqa: E731
+            {}, p, deterministic=False, rngs={"dropout": KEY})
+        return xla.attention(q + b[0], k + b[1], v + b[2], mask, dropout=dropout)
+
+    def kernel(q, k, v, b):
+        return pallas_flash.flash_attention(q, k, v, seg, seg, biases=b, dropout_rate=rate,
+                                            seeds=_seeds(rate), window=window, **options)
+
+    got = _with_biases(kernel, q, k, v, w, biases)
+    want_all = _with_biases(reference, q, k, v, w, biases)
+    keep = [0, 1, 2, 3, 4, 6]  # the key bias's gradient is zero (see above)
+    assert_close([got[i] for i in keep], [want_all[i] for i in keep],
+                 names=[BIAS_NAMES[i] for i in keep])
+    np.testing.assert_allclose(got[5], want_all[5], atol=1e-4)
+
+
+def test_biases_in_bfloat16_round_as_a_separate_add():
+    # The kernel rounds (x + bias) to bfloat16 on each load exactly as the separate add then
+    # cast does: the same outputs and q, k, v gradients, bit for bit, as the kernel run on
+    # the biased inputs.
+    rate = 0.1
+    q, k, v, w = (x.astype(jnp.bfloat16) for x in _inputs(2, 32, 2, 16, seed=4))
+    biases = _biases(2, 16)
+    q_seg, kv_seg = _padding(2, 32)
+    run = lambda *a, **kw: _value_and_grads(lambda *x: pallas_flash.flash_attention(  # noqa: E731
+        *x, q_seg, kv_seg, dropout_rate=rate, seeds=_seeds(rate), **kw), *a, w)
+    got = run(q, k, v, biases=biases)
+    want = run(*((x.astype(jnp.float32) + b).astype(jnp.bfloat16)
+                 for x, b in zip((q, k, v), biases)))
+    assert got[0].dtype == jnp.bfloat16
+    for g, x in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(x, np.float32))
+
+
+def test_bias_gradients_come_from_the_kernels():
+    # With biases the backward kernels write partial sums (one more output per bias), so no
+    # reduction of a [batch, length, heads, d] gradient runs outside them.
+    x = jnp.zeros((2, 32, 2, 16))
+    seg = jnp.ones((2, 32), jnp.int32)
+    b = tuple(jnp.zeros((2, 16)) for _ in range(3))
+    for options in ({}, dict(block_q=16, block_k=16)):
+        def fwd_bwd(q, k, v, b):
+            fn = lambda *a: pallas_flash.flash_attention(  # noqa: E731
+                *a[:3], seg, seg, biases=a[3], **options)
+            out, vjp = jax.vjp(fn, q, k, v, b)
+            return vjp(out)
+
+        jaxpr = jax.make_jaxpr(fwd_bwd)(x, x, x, b)
+        big = [e for e in jaxpr.eqns if e.primitive.name == "reduce_sum"
+               and e.invars[0].aval.size >= x.size]
+        assert not big, big
+        assert [e.primitive.name for e in jaxpr.eqns].count("reduce_sum") == 3
+
+
+def test_rejects_bad_biases():
+    q = jnp.zeros((1, 16, 2, 16))
+    seg = jnp.ones((1, 16), jnp.int32)
+    with pytest.raises(ValueError, match="biases must be"):
+        pallas_flash.flash_attention(q, q, q, seg, seg, biases=(jnp.zeros((2, 16)),) * 2)
+    with pytest.raises(ValueError, match="biases must be"):
+        pallas_flash.flash_attention(q, q, q, seg, seg, biases=(jnp.zeros((16,)),) * 3)

@@ -46,6 +46,7 @@ import jax
 from bert_jax.errors import UserError
 from bert_jax.models.attention_ops import cudnn, pallas_flash, splash_tpu
 from bert_jax.models.attention_ops.backend import platform
+from bert_jax.models.layers import add_bias
 
 IMPLS = ("auto", "xla", "cudnn", "pallas")
 
@@ -140,8 +141,16 @@ def names_context(impl: str) -> bool:
     return impl == "pallas" and platform() != "tpu"
 
 
+def takes_biases(impl: str) -> bool:
+    """Whether the path `impl` adds the Q, K, V projection biases itself (fused(...,
+    biases=...)): the Pallas kernel on GPU (and CPU) does, on each tile it loads, so the
+    biased projections are never written out (and its backward kernels sum the bias
+    gradients)."""
+    return impl == "pallas" and platform() != "tpu"
+
+
 def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None,
-          pallas_options=None, window: int = 0):
+          pallas_options=None, window: int = 0, biases=None):
     """A fused path ("cudnn" or "pallas") on q, k, v: <dtype>[batch, length, heads, kv]
     (q unscaled) with kv_mask: <bool>[batch, length] (True = real token), or for packed
     rows <int32>[batch, length] sequence ids (pallas only). dropout_key: the attention
@@ -149,6 +158,8 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
     of the GPU/CPU Pallas kernel (BertConfig.pallas_options; splash on TPU ignores them).
     window: 0 = global; > 0 = a sliding-window layer, query i attends key j only if
     |i - j| <= window as well (Pallas and splash; cudnn raises AttentionConfigError).
+    biases: None, or (q_bias, k_bias, v_bias), each <float32>[heads, kv], to add to q, k, v
+    (rounded back to their dtype): inside the kernel where takes_biases(impl), else here.
     Returns [batch, length, heads, kv].
 
     A custom kernel is opaque to XLA's sharding propagation (it would gather the whole
@@ -172,7 +183,11 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
             f"model.attention=cudnn cannot run a sliding-window layer (window {window}); "
             "use auto or pallas")
 
-    def local(q, k, v, kv_mask, seeds, batch_axes, head_axes):
+    if biases is not None and not takes_biases(impl):
+        q, k, v = (add_bias(x, b) for x, b in zip((q, k, v), biases))
+        biases = None
+
+    def local(q, k, v, biases, kv_mask, seeds, batch_axes, head_axes):
         if impl == "cudnn":
             return cudnn.attention(q, k, v, kv_mask)
         if platform() == "tpu":
@@ -187,13 +202,13 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         # packed rows: a query attends its own sequence's keys (equal ids).
         q_seg = kv_seg if packed else jax.numpy.ones_like(kv_seg)
         return pallas_flash.flash_attention(
-            q, k, v, q_seg, kv_seg, dropout_rate=dropout_rate,
+            q, k, v, q_seg, kv_seg, biases=biases, dropout_rate=dropout_rate,
             seeds=seeds, batch_offset=batch_offset, head_offset=head_offset,
             total_heads=heads, window=window, **(pallas_options or {}))
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return local(q, k, v, kv_mask, seeds, (), ())
+        return local(q, k, v, biases, kv_mask, seeds, (), ())
     spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
     axes = lambda a: () if a is None else (a,) if isinstance(a, str) else tuple(a)  # noqa: E731
     batch_axes = tuple(n for n in axes(spec[0]) if mesh.shape[n] > 1)
@@ -204,11 +219,12 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         batch_axes = ()
     qkv_spec = P(batch_axes or None, None, head_axes or None, None)
     mask_spec = P(batch_axes or None, None)
+    bias_spec = None if biases is None else (P(head_axes or None, None),) * 3
     fn = jax.shard_map(
-        lambda q, k, v, m, s: local(q, k, v, m, s, batch_axes, head_axes),
-        mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, mask_spec, P()),
+        lambda q, k, v, b, m, s: local(q, k, v, b, m, s, batch_axes, head_axes),
+        mesh=mesh, in_specs=(qkv_spec, qkv_spec, qkv_spec, bias_spec, mask_spec, P()),
         out_specs=qkv_spec, check_vma=False)
-    return fn(q, k, v, kv_mask, seeds)
+    return fn(q, k, v, biases, kv_mask, seeds)
 
 
 def _size(mesh, names) -> int:

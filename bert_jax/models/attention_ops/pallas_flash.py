@@ -22,6 +22,11 @@ position) in the forward and in both backward kernels; nothing mask-sized is sto
 With dropout, O = (P * Z) V with Z = keep * scale, so dV = (P * Z)^T dO, dP = (dO V^T) * Z and
 dS = P * (dP - D_i), where D_i = sum_j P_ij dP_ij = dO_i . O_i still holds.
 
+Projection biases (biases=(q_bias, k_bias, v_bias)): q, k, v arrive before their per-head
+biases and every kernel adds them to the tiles it loads, rounding as the separate add would,
+so the biased projections are never written; the backward kernels also write per-program
+float32 column sums of dQ, dK, dV, whose total is the bias gradient.
+
 Sliding window (window > 0): query i attends key j only if |i - j| <= window as well. Each
 query block walks only the key blocks that meet its band, and each key block of the dK/dV
 kernel only the query blocks that do (kv_block_range, q_block_range); inside a visited block
@@ -84,10 +89,12 @@ class _Cfg(NamedTuple):
     interpret: bool
     window: int = 0       # sliding-window half width; 0 = global
     head_dim: int = 0     # unpadded head dim: the output is sliced to [:, :q_len, :, :head_dim]
+    bias: bool = False    # q, k, v arrive before their per-head biases, added on every load
 
 
-def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: float = 0.0,
-                    seeds=None, batch_offset=0, head_offset=0, total_heads=None,
+def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
+                    dropout_rate: float = 0.0, seeds=None, batch_offset=0, head_offset=0,
+                    total_heads=None,
                     block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None,
                     num_warps=None, num_stages=None, interpret=None, window: int = 0):
     """Softmax attention of q over k, v with in-kernel dropout on the probabilities.
@@ -115,7 +122,13 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     dK/dV kernel only the query blocks that do), so the work grows with the window, not
     with the length. As in xla.attention(window=...), a query with no allowed key in its
     band is the uniform average of the values in its band (the global rule over the band).
-    Returns <dtype>[batch, q_len, heads, head_dim]; differentiable in q, k, v.
+    biases: None, or (q_bias, k_bias, v_bias), each <float32>[heads, head_dim]: q, k, v are
+    then the projections before their biases, and every kernel adds a bias to each tile it
+    loads, (x.astype(float32) + bias).astype(dtype), the rounding of a separate
+    add-then-cast. The bias gradients are the float32 sums of dQ, dK, dV (as rounded to the
+    dtype) over examples and tokens, each program of the backward kernels summing its own
+    rows, so XLA adds only [programs, heads, head_dim] partial sums.
+    Returns <dtype>[batch, q_len, heads, head_dim]; differentiable in q, k, v (and biases).
     """
     batch, q_len, heads, head_dim = q.shape
     kv_len = k.shape[1]
@@ -129,6 +142,12 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     if q_segment_ids.shape != (batch, q_len) or kv_segment_ids.shape != (batch, kv_len):
         raise ValueError(f"segment ids {q_segment_ids.shape}, {kv_segment_ids.shape}; "
                          f"expected {(batch, q_len)}, {(batch, kv_len)}")
+    if biases is not None:
+        biases = tuple(biases)
+        if len(biases) != 3 or any(jnp.shape(b) != (heads, head_dim) for b in biases):
+            raise ValueError(f"biases must be (q_bias, k_bias, v_bias), each [heads, "
+                             f"head_dim] = {(heads, head_dim)}; got "
+                             f"{[jnp.shape(b) for b in biases]}")
     if not _is_int(window) or window < 0:
         raise ValueError(f"window must be an integer >= 0 (0 = global), got {window!r}")
     if window and q_len != kv_len:
@@ -161,7 +180,8 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
                keep_scale=as_dtype(1.0 / (1.0 - threshold / 2.0**32)) if threshold else 1.0,
                total_heads=int(total_heads or heads), fwd_blocks=fwd_blocks,
                bwd_blocks=bwd_blocks, num_warps=num_warps, num_stages=num_stages,
-               interpret=bool(interpret), window=int(window), head_dim=head_dim)
+               interpret=bool(interpret), window=int(window), head_dim=head_dim,
+               bias=biases is not None)
 
     if threshold:
         seeds = jnp.asarray(seeds)
@@ -181,8 +201,11 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, dropout_rate: flo
     def pad2(x, n):
         return jnp.pad(x.astype(jnp.int32), ((0, 0), (0, n - x.shape[1])))
 
-    return _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), pad2(q_segment_ids, q_pad),
-                  pad2(kv_segment_ids, kv_pad), params, cfg)
+    if biases is not None:  # zero on the padded head-dim columns, which stay zero
+        biases = tuple(jnp.pad(jnp.asarray(b).astype(jnp.float32),
+                               ((0, 0), (0, d_pad - head_dim))) for b in biases)
+    return _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), biases,
+                  pad2(q_segment_ids, q_pad), pad2(kv_segment_ids, kv_pad), params, cfg)
 
 
 def _schedule(q_len, kv_len, block_q, block_k, bwd_block_q, bwd_block_k):
@@ -260,6 +283,29 @@ def _round_up(n, m):
 
 
 # ---------------------------------------------------------------- shared in-kernel pieces
+
+
+def _split_refs(refs, cfg):
+    """(params_ref, (q, k, v bias vectors or Nones), the other refs) of a kernel's
+    arguments: the bias refs (<f32>[d] each) follow params_ref when cfg.bias."""
+    if not cfg.bias:
+        return refs[0], (None, None, None), refs[1:]
+    return refs[0], tuple(r[...] for r in refs[1:4]), refs[4:]
+
+
+def _biased(x, bias):
+    """A loaded [n, d] tile plus its per-column bias in float32, rounded back to the
+    tile's dtype, as a separate bias add would (bias None: the tile itself)."""
+    if bias is None:
+        return x
+    return (x.astype(jnp.float32) + bias[None, :]).astype(x.dtype)
+
+
+def _bias_grad(refs, grads):
+    """Writes each <f32>[d] column sum of `grads` (tiles already rounded to the output
+    dtype) to its ref of `refs` (none when the call has no biases)."""
+    for ref, g in zip(refs, grads):
+        ref[...] = jnp.sum(g.astype(jnp.float32), axis=0)
 
 
 def _scaled_q(q, cfg):
@@ -374,20 +420,24 @@ def _compiler_params(cfg):
 # ------------------------------------------------------------------------------ forward
 
 
-def _fwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_ref, *, cfg):
-    """One (query block, example, head). q_ref: [bq, d]; k_ref, v_ref: [kv_pad, d];
-    qseg_ref: [bq]; kseg_ref: [kv_pad]. Writes o_ref: [bq, d], lse_ref: <f32>[bq]."""
+def _fwd_kernel(*refs, cfg):
+    """One (query block, example, head). [q_bias, k_bias, v_bias: <f32>[d] when cfg.bias];
+    q_ref: [bq, d]; k_ref, v_ref: [kv_pad, d]; qseg_ref: [bq]; kseg_ref: [kv_pad]. Writes
+    o_ref: [bq, d], lse_ref: <f32>[bq]."""
+    params_ref, (b_q, b_k, b_v), refs = _split_refs(refs, cfg)
+    q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_ref = refs
     bq, bk = cfg.fwd_blocks
     qi, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    q = _scaled_q(q_ref[...], cfg)
+    q = _scaled_q(_biased(q_ref[...], b_q), cfg)
     q_seg = qseg_ref[...]
     row_hash = _row_hashes(params_ref, b, h, qi * bq, bq, cfg) if cfg.threshold else None
 
     def body(j, carry):
         acc, m, l = carry
         ks = pl.ds(j * bk, bk)
-        v = v_ref[ks, :]
-        s, _ = _scores(q, k_ref[ks, :], q_seg, kseg_ref[ks], qi * bq, j * bk, cfg)
+        v = _biased(v_ref[ks, :], b_v)
+        s, _ = _scores(q, _biased(k_ref[ks, :], b_k), q_seg, kseg_ref[ks], qi * bq, j * bk,
+                       cfg)
         # Online softmax in float32 (m: running max, l: running sum of exp(s - m)). Globally
         # the first key block holds key 0 (a real key, score >= _MASKED), so m is finite from
         # then on and exp(-inf - m) = 0 rescales the empty initial state. With a window a
@@ -415,42 +465,60 @@ def _fwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, o_ref, lse_
     lse_ref[...] = m + jnp.log(l)
 
 
-def _forward(q, k, v, q_seg, kv_seg, params, cfg):
+def _bias_args(biases, index_map, d):
+    """(in_specs, arrays) of the three <f32>[heads, d] biases for a grid whose index_map
+    returns the head's block; nothing without biases."""
+    if biases is None:
+        return [], []
+    return [pl.BlockSpec((None, d), index_map)] * 3, list(biases)
+
+
+def _forward(q, k, v, biases, q_seg, kv_seg, params, cfg):
     """Padded inputs -> (o: [batch, q_pad, heads, d_pad], lse: <f32>[batch, heads, q_pad])."""
     batch, q_pad, heads, d = q.shape
     kv_pad = k.shape[1]
     bq, _ = cfg.fwd_blocks
     kv_spec = pl.BlockSpec((None, kv_pad, None, d), lambda i, b, h: (b, 0, h, 0))
     q_spec = pl.BlockSpec((None, bq, None, d), lambda i, b, h: (b, i, h, 0))
+    bias_specs, bias_arrays = _bias_args(biases, lambda i, b, h: (h, 0), d)
     return pl.pallas_call(
         functools.partial(_fwd_kernel, cfg=cfg),
         grid=(q_pad // bq, batch, heads),
-        in_specs=[pl.BlockSpec((4,), lambda i, b, h: (0,)), q_spec, kv_spec, kv_spec,
-                  pl.BlockSpec((None, bq), lambda i, b, h: (b, i)),
+        in_specs=[pl.BlockSpec((4,), lambda i, b, h: (0,)), *bias_specs, q_spec, kv_spec,
+                  kv_spec, pl.BlockSpec((None, bq), lambda i, b, h: (b, i)),
                   pl.BlockSpec((None, kv_pad), lambda i, b, h: (b, 0))],
         out_specs=[q_spec, pl.BlockSpec((None, None, bq), lambda i, b, h: (b, h, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, heads, q_pad), jnp.float32)],
         compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
         name="flash_attention_fwd",
-    )(params, q, k, v, q_seg, kv_seg)
+    )(params, *bias_arrays, q, k, v, q_seg, kv_seg)
 
 
 # ----------------------------------------------------------------------------- backward
+#
+# With biases, each backward program also writes the float32 column sums of the dQ, dK or dV
+# rows it wrote (as rounded): the bias gradients are then a sum over [programs, heads, d]
+# instead of a pass of XLA over the whole gradients. Rows and columns added by the padding
+# have zero gradients (dO is zero there, and padded keys get neither probability nor dS), so
+# they add nothing to the sums.
 
 
-def _dkdv_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_ref,
-                 delta_ref, dk_ref, dv_ref, *, cfg):
-    """One (key block, example, head). q_ref, do_ref: [q_pad, d]; k_ref, v_ref: [bk, d];
-    qseg_ref: [q_pad]; kseg_ref: [bk]; lse_ref, delta_ref: <f32>[q_pad]. Writes dk, dv."""
+def _dkdv_kernel(*refs, cfg):
+    """One (key block, example, head). [q, k, v biases: <f32>[d] when cfg.bias]; q_ref,
+    do_ref: [q_pad, d]; k_ref, v_ref: [bk, d]; qseg_ref: [q_pad]; kseg_ref: [bk]; lse_ref,
+    delta_ref: <f32>[q_pad]. Writes dk, dv [and the column sums of each, <f32>[d]]."""
+    params_ref, (b_q, b_k, b_v), refs = _split_refs(refs, cfg)
+    (q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_ref, delta_ref, dk_ref, dv_ref,
+     *db_refs) = refs
     bq, bk = cfg.bwd_blocks
     kj, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    k, v, k_seg = k_ref[...], v_ref[...], kseg_ref[...]
+    k, v, k_seg = _biased(k_ref[...], b_k), _biased(v_ref[...], b_v), kseg_ref[...]
 
     def body(i, carry):
         dk, dv = carry
         qs = pl.ds(i * bq, bq)
-        q, do = _scaled_q(q_ref[qs, :], cfg), do_ref[qs, :]
+        q, do = _scaled_q(_biased(q_ref[qs, :], b_q), cfg), do_ref[qs, :]
         s, allowed = _scores(q, k, qseg_ref[qs], k_seg, i * bq, kj * bk, cfg)
         p = _probs(s, lse_ref[qs], i * bq, cfg)
         pv = p.astype(v.dtype)
@@ -469,26 +537,31 @@ def _dkdv_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, ls
     zeros = jnp.zeros(dk_ref.shape, jnp.float32)
     lo, hi = q_block_range(kj * bk, bk, bq, q_ref.shape[0] // bq, cfg)
     dk, dv = lax.fori_loop(lo, hi, body, (zeros, zeros))
-    dk_ref[...] = dk.astype(dk_ref.dtype)  # q was scaled already: dK = dS^T (q / sqrt(d))
-    dv_ref[...] = (dv * cfg.keep_scale).astype(dv_ref.dtype)
+    dk = dk.astype(dk_ref.dtype)  # q was scaled already: dK = dS^T (q / sqrt(d))
+    dv = (dv * cfg.keep_scale).astype(dv_ref.dtype)
+    dk_ref[...], dv_ref[...] = dk, dv
+    _bias_grad(db_refs, (dk, dv))
 
 
-def _dq_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_ref,
-               delta_ref, dq_ref, *, cfg):
-    """One (query block, example, head). q_ref, do_ref: [bq, d]; k_ref, v_ref: [kv_pad, d];
-    qseg_ref: [bq]; kseg_ref: [kv_pad]; lse_ref, delta_ref: <f32>[bq]. Writes dq."""
+def _dq_kernel(*refs, cfg):
+    """One (query block, example, head). [q, k, v biases: <f32>[d] when cfg.bias]; q_ref,
+    do_ref: [bq, d]; k_ref, v_ref: [kv_pad, d]; qseg_ref: [bq]; kseg_ref: [kv_pad]; lse_ref,
+    delta_ref: <f32>[bq]. Writes dq [and its column sums, <f32>[d]]."""
+    params_ref, (b_q, b_k, b_v), refs = _split_refs(refs, cfg)
+    (q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_ref, delta_ref, dq_ref,
+     *db_refs) = refs
     bq, bk = cfg.bwd_blocks
     qi, b, h = pl.program_id(0), pl.program_id(1), pl.program_id(2)
-    q, do, q_seg = _scaled_q(q_ref[...], cfg), do_ref[...], qseg_ref[...]
+    q, do, q_seg = _scaled_q(_biased(q_ref[...], b_q), cfg), do_ref[...], qseg_ref[...]
     lse, delta = lse_ref[...], delta_ref[...]
     row_hash = _row_hashes(params_ref, b, h, qi * bq, bq, cfg) if cfg.threshold else None
 
     def body(j, dq):
         ks = pl.ds(j * bk, bk)
-        k = k_ref[ks, :]
+        k = _biased(k_ref[ks, :], b_k)
         s, allowed = _scores(q, k, q_seg, kseg_ref[ks], qi * bq, j * bk, cfg)
         p = _probs(s, lse, qi * bq, cfg)
-        dp = _dot(do, v_ref[ks, :], trans_b=True)
+        dp = _dot(do, _biased(v_ref[ks, :], b_v), trans_b=True)
         if cfg.threshold:
             keep = _keep(row_hash, j * bk, bk, cfg)
             dp = jnp.where(keep, dp * cfg.keep_scale, 0.0)
@@ -497,29 +570,36 @@ def _dq_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, lse_
 
     lo, hi = kv_block_range(qi * bq, bq, bk, k_ref.shape[0] // bk, cfg)
     dq = lax.fori_loop(lo, hi, body, jnp.zeros(dq_ref.shape, jnp.float32))
-    dq_ref[...] = (dq / cfg.q_scale).astype(dq_ref.dtype)  # chain rule through q / sqrt(d)
+    dq = (dq / cfg.q_scale).astype(dq_ref.dtype)  # chain rule through q / sqrt(d)
+    dq_ref[...] = dq
+    _bias_grad(db_refs, (dq,))
 
 
-def _fused_bwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, o_ref,
-                      lse_ref, dq_ref, dk_ref, dv_ref, *, cfg):
+def _fused_bwd_kernel(*refs, cfg):
     """One (example, head) whose keys are one backward key block: dQ, dK and dV together.
-    q_ref, do_ref, o_ref: [q_pad, d]; k_ref, v_ref: [kv_pad, d]; qseg_ref: [q_pad];
-    kseg_ref: [kv_pad]; lse_ref: <f32>[q_pad]. Walks the query blocks once: each block's dQ
-    is complete (no other key block adds to it) and is written at once, while dK and dV
-    accumulate over the blocks in float32. D_i = rowsum(dO_i * O_i) is computed here from
-    the block's rows (each read once), instead of by a separate pass over O and dO.
+    [q, k, v biases: <f32>[d] when cfg.bias]; q_ref, do_ref, o_ref: [q_pad, d]; k_ref,
+    v_ref: [kv_pad, d]; qseg_ref: [q_pad]; kseg_ref: [kv_pad]; lse_ref: <f32>[q_pad]. Walks
+    the query blocks once: each block's dQ is complete (no other key block adds to it) and is
+    written at once, while dK and dV accumulate over the blocks in float32. D_i =
+    rowsum(dO_i * O_i) is computed here from the block's rows (each read once), instead of
+    by a separate pass over O and dO. With biases it also writes the column sums of dQ, dK
+    and dV (<f32>[d] each).
 
     Every query block is visited, with a window too: rows added to fill the last block have
     a zero cotangent (dO = 0, so D = 0 and dS = 0) and add exactly zero to dK and dV, and
-    their dQ rows, sliced off later, are written finite."""
+    their dQ rows, sliced off later, are zero."""
+    params_ref, (b_q, b_k, b_v), refs = _split_refs(refs, cfg)
+    (q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, o_ref, lse_ref, dq_ref, dk_ref, dv_ref,
+     *db_refs) = refs
     bq, _ = cfg.bwd_blocks
+    d = dq_ref.shape[1]
     b, h = pl.program_id(0), pl.program_id(1)
-    k, v, k_seg = k_ref[...], v_ref[...], kseg_ref[...]
+    k, v, k_seg = _biased(k_ref[...], b_k), _biased(v_ref[...], b_v), kseg_ref[...]
 
     def body(i, carry):
-        dk, dv = carry
+        dk, dv, dq_sum = carry
         qs = pl.ds(i * bq, bq)
-        q, do = _scaled_q(q_ref[qs, :], cfg), do_ref[qs, :]
+        q, do = _scaled_q(_biased(q_ref[qs, :], b_q), cfg), do_ref[qs, :]
         delta = jnp.sum(o_ref[qs, :].astype(jnp.float32) * do.astype(jnp.float32), axis=1)
         s, allowed = _scores(q, k, qseg_ref[qs], k_seg, i * bq, 0, cfg)
         p = _probs(s, lse_ref[qs], i * bq, cfg)
@@ -532,37 +612,49 @@ def _fused_bwd_kernel(params_ref, q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_re
         dv = dv + _dot(pv, do, trans_a=True)
         ds = jnp.where(allowed, p * (dp - delta[:, None]), 0.0).astype(q.dtype)
         dk = dk + _dot(ds, q, trans_a=True)
-        dq_ref[qs, :] = (_dot(ds, k) / cfg.q_scale).astype(dq_ref.dtype)
-        return dk, dv
+        dq = (_dot(ds, k) / cfg.q_scale).astype(dq_ref.dtype)
+        dq_ref[qs, :] = dq
+        if cfg.bias:
+            dq_sum = dq_sum + jnp.sum(dq.astype(jnp.float32), axis=0)
+        return dk, dv, dq_sum
 
     zeros = jnp.zeros(dk_ref.shape, jnp.float32)
-    dk, dv = lax.fori_loop(0, q_ref.shape[0] // bq, body, (zeros, zeros))
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = (dv * cfg.keep_scale).astype(dv_ref.dtype)
+    dk, dv, dq_sum = lax.fori_loop(0, q_ref.shape[0] // bq, body,
+                                   (zeros, zeros, jnp.zeros((d,), jnp.float32)))
+    dk = dk.astype(dk_ref.dtype)
+    dv = (dv * cfg.keep_scale).astype(dv_ref.dtype)
+    dk_ref[...], dv_ref[...] = dk, dv
+    if cfg.bias:
+        db_refs[0][...] = dq_sum
+        _bias_grad(db_refs[1:], (dk, dv))
 
 
-def _fused_backward(cfg, q, k, v, q_seg, kv_seg, params, o, lse, do):
-    """dq, dk, dv in one kernel, one program per (example, head): keys fit one block."""
+def _fused_backward(cfg, q, k, v, biases, q_seg, kv_seg, params, o, lse, do):
+    """dq, dk, dv in one kernel, one program per (example, head): keys fit one block. With
+    biases also their [batch, heads, d] partial gradients (q, k, v)."""
     batch, q_pad, heads, d = q.shape
     kv_pad = k.shape[1]
     full = lambda n: pl.BlockSpec((None, n, None, d), lambda b, h: (b, 0, h, 0))  # noqa: E731
     seg = lambda n: pl.BlockSpec((None, n), lambda b, h: (b, 0))  # noqa: E731
+    bias_specs, bias_arrays = _bias_args(biases, lambda b, h: (h, 0), d)
+    db_specs = [pl.BlockSpec((None, None, d), lambda b, h: (b, h, 0))] * len(bias_arrays)
+    db_shapes = [jax.ShapeDtypeStruct((batch, heads, d), jnp.float32)] * len(bias_arrays)
     return pl.pallas_call(
         functools.partial(_fused_bwd_kernel, cfg=cfg),
         grid=(batch, heads),
-        in_specs=[pl.BlockSpec((4,), lambda b, h: (0,)), full(q_pad), full(kv_pad),
-                  full(kv_pad), seg(q_pad), seg(kv_pad), full(q_pad), full(q_pad),
-                  pl.BlockSpec((None, None, q_pad), lambda b, h: (b, h, 0))],
-        out_specs=[full(q_pad), full(kv_pad), full(kv_pad)],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
+        in_specs=[pl.BlockSpec((4,), lambda b, h: (0,)), *bias_specs, full(q_pad),
+                  full(kv_pad), full(kv_pad), seg(q_pad), seg(kv_pad), full(q_pad),
+                  full(q_pad), pl.BlockSpec((None, None, q_pad), lambda b, h: (b, h, 0))],
+        out_specs=[full(q_pad), full(kv_pad), full(kv_pad), *db_specs],
+        out_shape=[*(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)), *db_shapes],
         compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
         name="flash_attention_bwd_fused",
-    )(params, q, k, v, q_seg, kv_seg, do, o, lse)
+    )(params, *bias_arrays, q, k, v, q_seg, kv_seg, do, o, lse)
 
 
 def _backward(cfg, res, do):
     """o, do: the unpadded [batch, q_len, heads, head_dim] output and its cotangent."""
-    q, k, v, q_seg, kv_seg, params, o, lse = res
+    q, k, v, biases, q_seg, kv_seg, params, o, lse = res
     batch, q_pad, heads, d = q.shape
     kv_pad = k.shape[1]
     bq, bk = cfg.bwd_blocks
@@ -573,16 +665,21 @@ def _backward(cfg, res, do):
             return x
         return jnp.pad(x, ((0, 0), (0, q_pad - x.shape[1]), (0, 0), (0, d - x.shape[3])))
 
+    def bias_grads(partials):  # [..., heads, d] partial sums -> [heads, d] each
+        if biases is None:
+            return None
+        return tuple(x.reshape(-1, heads, d).sum(0) for x in partials)
+
     if kv_pad == bk:
-        return (*_fused_backward(cfg, q, k, v, q_seg, kv_seg, params, pad(o), lse, pad(do)),
-                None, None, None)
+        dq, dk, dv, *partials = _fused_backward(cfg, q, k, v, biases, q_seg, kv_seg, params,
+                                                pad(o), lse, pad(do))
+        return dq, dk, dv, bias_grads(partials), None, None, None
     # D_i = rowsum(dO * O) (FlashAttention-2); valid with dropout (see the module doc); 0 on
     # padded rows. One XLA pass here: each key block of the dK/dV kernel walks all query
     # rows, so computing it inside would read O once per key block.
     delta = jnp.einsum("bqhd,bqhd->bhq", o.astype(jnp.float32), do.astype(jnp.float32))
     delta = jnp.pad(delta, ((0, 0), (0, 0), (0, q_pad - delta.shape[2])))
     do = pad(do)
-    args = (params, q, k, v, q_seg, kv_seg, do, lse, delta)
     full = lambda n: pl.BlockSpec((None, n, None, d), lambda x, b, h: (b, 0, h, 0))  # noqa: E731
     part = lambda n: pl.BlockSpec((None, n, None, d), lambda x, b, h: (b, x, h, 0))  # noqa: E731
     seg_full = lambda n: pl.BlockSpec((None, n), lambda x, b, h: (b, 0))  # noqa: E731
@@ -590,34 +687,40 @@ def _backward(cfg, res, do):
     row_full = pl.BlockSpec((None, None, q_pad), lambda x, b, h: (b, h, 0))
     row_part = pl.BlockSpec((None, None, bq), lambda x, b, h: (b, h, x))
     params_spec = pl.BlockSpec((4,), lambda x, b, h: (0,))
+    bias_specs, bias_arrays = _bias_args(biases, lambda x, b, h: (h, 0), d)
+    args = (params, *bias_arrays, q, k, v, q_seg, kv_seg, do, lse, delta)
+    db_spec = pl.BlockSpec((None, None, None, d), lambda x, b, h: (x, b, h, 0))
+    db_shape = lambda n: jax.ShapeDtypeStruct((n, batch, heads, d), jnp.float32)  # noqa: E731
+    with_bias = biases is not None
     common = dict(compiler_params=_compiler_params(cfg), interpret=cfg.interpret)
 
-    dk, dv = pl.pallas_call(
+    dk, dv, *kv_partials = pl.pallas_call(
         functools.partial(_dkdv_kernel, cfg=cfg),
         grid=(kv_pad // bk, batch, heads),
-        in_specs=[params_spec, full(q_pad), part(bk), part(bk), seg_full(q_pad), seg_part(bk),
-                  full(q_pad), row_full, row_full],
-        out_specs=[part(bk), part(bk)],
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        in_specs=[params_spec, *bias_specs, full(q_pad), part(bk), part(bk), seg_full(q_pad),
+                  seg_part(bk), full(q_pad), row_full, row_full],
+        out_specs=[part(bk), part(bk), *[db_spec] * (2 * with_bias)],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype),
+                   *[db_shape(kv_pad // bk)] * (2 * with_bias)],
         name="flash_attention_bwd_dkdv", **common,
     )(*args)
-    dq = pl.pallas_call(
+    dq, *q_partials = pl.pallas_call(
         functools.partial(_dq_kernel, cfg=cfg),
         grid=(q_pad // bq, batch, heads),
-        in_specs=[params_spec, part(bq), full(kv_pad), full(kv_pad), seg_part(bq),
+        in_specs=[params_spec, *bias_specs, part(bq), full(kv_pad), full(kv_pad), seg_part(bq),
                   seg_full(kv_pad), part(bq), row_part, row_part],
-        out_specs=part(bq),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        out_specs=[part(bq), *[db_spec] * with_bias],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), *[db_shape(q_pad // bq)] * with_bias],
         name="flash_attention_bwd_dq", **common,
     )(*args)
-    return dq, dk, dv, None, None, None
+    return dq, dk, dv, bias_grads(q_partials + kv_partials), None, None, None
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _flash(q, k, v, q_seg, kv_seg, params, cfg):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _flash(q, k, v, biases, q_seg, kv_seg, params, cfg):
     """The [batch, q_len, heads, head_dim] attention output of padded inputs (see
     flash_attention)."""
-    return _unpad(_forward(q, k, v, q_seg, kv_seg, params, cfg)[0], cfg)
+    return _unpad(_forward(q, k, v, biases, q_seg, kv_seg, params, cfg)[0], cfg)
 
 
 def _unpad(o, cfg):
@@ -626,14 +729,15 @@ def _unpad(o, cfg):
     return o[:, :cfg.q_len, :, :cfg.head_dim]
 
 
-def _flash_fwd(q, k, v, q_seg, kv_seg, params, cfg):
+def _flash_fwd(q, k, v, biases, q_seg, kv_seg, params, cfg):
     # The backward pass needs the output and the float32 log-sum-exp. Named, so that a remat
     # policy that keeps "context" (the output, which the attention layer then uses
     # unnamed: see attention_ops.names_context) and "attention_lse" keeps them, instead of
-    # running this kernel again in the backward pass.
-    o, lse = _forward(q, k, v, q_seg, kv_seg, params, cfg)
+    # running this kernel again in the backward pass. With biases it keeps q, k, v as given,
+    # before their biases: the kernels add them again on every load.
+    o, lse = _forward(q, k, v, biases, q_seg, kv_seg, params, cfg)
     o, lse = checkpoint_name(_unpad(o, cfg), "context"), checkpoint_name(lse, "attention_lse")
-    return o, (q, k, v, q_seg, kv_seg, params, o, lse)
+    return o, (q, k, v, biases, q_seg, kv_seg, params, o, lse)
 
 
 _flash.defvjp(_flash_fwd, _backward)
