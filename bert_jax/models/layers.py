@@ -137,7 +137,14 @@ def gelu_erf(x):
     jax.nn.gelu(approximate=False) computes the same function through erfc(-x / sqrt(2)),
     whose XLA:CPU expansion (and its derivative) is slower than this form
     (benchmarks/RESULTS.md). Both are within float32 rounding of the float64 GELU and of
-    its derivative (tests/models/test_layers.py)."""
+    its derivative (tests/models/test_layers.py).
+
+    A bfloat16 or float16 input is computed in float32 and rounded once, as PyTorch's GELU
+    kernels do for half-precision tensors (their float32 "opmath"); the formula in half
+    precision would round after the scaling, the erf, the sum and each product. Both
+    passes stay in one fused elementwise kernel: no more memory traffic."""
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        return gelu_erf(x.astype(jnp.float32)).astype(x.dtype)
     half = jnp.asarray(0.5, x.dtype)
     return x * half * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 

@@ -47,3 +47,32 @@ def test_gelu_bfloat16_stays_bfloat16():
     y = gelu_erf(jnp.ones((4,), jnp.bfloat16))
     assert y.dtype == jnp.bfloat16
     np.testing.assert_allclose(np.asarray(y, np.float32), 0.8413447 * np.ones(4), rtol=1e-2)
+
+
+def test_gelu_half_precision_rounds_once():
+    """bf16 / f16 in: float32 inside, one rounding out (PyTorch's opmath), value and
+    derivative; so every output is the float64 GELU rounded to the nearest bf16, or its
+    neighbour where float32 itself sits at a rounding tie."""
+    x = jnp.asarray(np.linspace(-8, 8, 20001), jnp.bfloat16)
+    for dtype in (jnp.bfloat16, jnp.float16):
+        xd = x.astype(dtype)
+        once = gelu_erf(xd.astype(jnp.float32)).astype(dtype)
+        np.testing.assert_array_equal(np.asarray(gelu_erf(xd)), np.asarray(once))
+        g = jax.vmap(jax.grad(lambda v: gelu_erf(v)))(xd)
+        g_once = jax.vmap(jax.grad(gelu_erf))(xd.astype(jnp.float32)).astype(dtype)
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(g_once))
+    x64 = np.asarray(x, np.float64)
+    ours = np.asarray(gelu_erf(x), np.float64)
+    ref = _gelu64(x64)
+    ulp = np.abs(np.asarray(jnp.asarray(ref, jnp.bfloat16), np.float64)) * 2.0**-7 + 1e-30
+    err = np.abs(ours - ref)
+    near = x64 >= -1  # below, float32's 1 + erf cancels (test above): ~1e-6 more
+    # one rounding: within a bf16 ulp of the float64 value (half an ulp, or one where the
+    # float32 result and the float64 one round to different neighbours)
+    assert np.max(err[near] / ulp[near]) <= 1.0
+    assert np.all(err[~near] <= ulp[~near] + 1e-6)
+    # the half-precision formula rounds several times: some outputs off by a whole ulp or more
+    naive = np.asarray(x * jnp.asarray(0.5, jnp.bfloat16)
+                       * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, jnp.bfloat16))),
+                       np.float64)
+    assert np.max(np.abs(naive - ref)[near] / ulp[near]) > 1.0
