@@ -175,16 +175,7 @@ def _beam(runner: str, beam_options: str):
         if beam_options:
             raise InputError("--beam_options needs a Beam --runner (e.g. DirectRunner)")
         return None
-    try:  # here, not at the top: the local path never loads Apache Beam
-        from data_prep import beam_pipeline
-    except ImportError as e:
-        raise InputError(f"--runner={runner} needs Apache Beam, which is not installed "
-                         f"({e}); pip install .[beam], or --runner=local") from None
-    try:
-        beam_pipeline.pipeline_options(runner, beam_options)
-    except ValueError as e:
-        raise InputError(str(e)) from None
-    return beam_pipeline
+    return dp_paths.load_beam(runner, beam_options, InputError)
 
 
 def _define_flags() -> None:

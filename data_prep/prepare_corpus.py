@@ -910,21 +910,6 @@ def nothing_usable(o: Options, summary: Summary) -> str:
             f"none kept ({dropped or 'no documents'}){first}; {o.output} not written")
 
 
-def _beam(runner: str, beam_options: str):
-    """data_prep.beam_pipeline once the runner and its options check out, or PrepareError
-    saying how to install Apache Beam or what is wrong with them."""
-    try:  # here, not at the top: the local path never loads Apache Beam
-        from data_prep import beam_pipeline
-    except ImportError as e:
-        raise PrepareError(f"--runner={runner} needs Apache Beam, which is not installed "
-                           f"({e}); pip install .[beam], or --runner=local") from None
-    try:
-        beam_pipeline.pipeline_options(runner, beam_options)
-    except ValueError as e:
-        raise PrepareError(str(e)) from None
-    return beam_pipeline
-
-
 def prepare(options: Options) -> Summary:
     """The command line's work in process: PrepareError for bad settings or input with
     nothing usable (nothing written then, an older output stays); OSError on a write."""
@@ -933,7 +918,8 @@ def prepare(options: Options) -> Summary:
     o = options
     check_options(o)
     if o.runner != "local":
-        return _beam(o.runner, o.beam_options).prepare(o, o.runner, o.beam_options)
+        beam = dp_paths.load_beam(o.runner, o.beam_options, PrepareError)
+        return beam.prepare(o, o.runner, o.beam_options)
     if o.beam_options:
         raise PrepareError("--beam_options needs a Beam --runner (e.g. DirectRunner)")
     inputs = expand_inputs(o.input, o.format, o.split)
