@@ -10,8 +10,9 @@ all-gather traffic. `--config.model.dtype=bfloat16` (float32 params and optimize
 is the TPU setting.
 
 What each layer keeps for the backward pass is `model.remat=minimal_ffn` (models/encoder.py):
-Q, K, V, the attention context, the two LayerNorm inputs and the FFN pre-activation, in the
-compute dtype; LayerNorms, GELU, dropout masks and attention probabilities are recomputed,
+Q, K, V, the attention context, the two LayerNorm inputs, the FFN's input and its first
+product, in the compute dtype, and the LayerNorms' statistics; GELU, dropout masks and
+attention probabilities are recomputed,
 so batch 256 x 128 fits an 80 GB card with room to spare (`benchmarks/step_memory.py`; the
 figures are in benchmarks/RESULTS.md).
 """

@@ -39,6 +39,7 @@ import math
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models.config import DROPOUT_RNGS
 _GOLDEN = 0x9E3779B9  # odd, so col -> col * _GOLDEN is a bijection mod 2**32
@@ -109,7 +110,14 @@ class Dropout(nn.Module):
         if x.ndim == 0:
             keep = keep_mask(key, (), self.rate)
             return jnp.where(keep, x * _hash_scale(self.rate, x.dtype), jnp.zeros((), x.dtype))
-        return hash_dropout(x, jax.random.bits(key, (2,), jnp.uint32), self.rate)
+        return hash_dropout(x, draw_seeds(key), self.rate)
+
+
+def draw_seeds(key: jax.Array) -> jax.Array:
+    """The two <uint32> seeds of a hash mask, drawn from `key`, with the checkpoint name
+    "dropout_seeds": a remat policy that keeps them (8 bytes) spares the backward pass the
+    threefry draw, a few tiny kernels per dropout per layer."""
+    return checkpoint_name(jax.random.bits(key, (2,), jnp.uint32), "dropout_seeds")
 
 
 def _hash_keep(seeds: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:

@@ -8,13 +8,24 @@ FFN F, in the compute dtype:
     attention_lse        [A, L] float32 the Pallas kernel's log-sum-exp (with context, its
                                         backward pass needs no second forward kernel)
     attention_residual   [L, H]         x + attention(x): the first LayerNorm's input
-    ffn_pre              [L, F]         the FFN's pre-activation (before GELU)
+    ffn_input            [L, H]         the FFN's input (post-LN: the first LayerNorm's
+                                        output; pre-LN: the second's)
+    ffn_pre              [L, F]         the FFN's first product x W_in, before its bias and
+                                        GELU (the matmul's own output: naming the biased
+                                        value would make the GELU kernel write a copy)
     output_residual      [L, H]         h + ffn(h): the second LayerNorm's input
+    norm_stats           3 x [L] float32 each LayerNorm's mean, variance and 1/std
+    dropout_seeds        a few uint32   each dropout's two hash seeds (models/dropout.py)
+    attention_mask       [L] int32      the Pallas kernel's key segment ids
 The layer input is kept by every policy (the scan carry / the previous layer's output).
-"minimal" keeps the first four rows and output_residual: about (6 L H) elements, 1.75 MiB at
-L=128, H=1024 in bfloat16 with the input; the FFN's first product, GELU, the LayerNorms and
-the attention probabilities are recomputed in the backward pass (about 11% more FLOPs, the
-FFN's first product). "minimal_ffn" also keeps ffn_pre (+1 MiB there, no product recomputed).
+"minimal" keeps query ... attention_residual, output_residual and the last three rows:
+about (6 L H) elements, 1.75 MiB at L=128, H=1024 in bfloat16 with the input; the FFN's
+first product, GELU, the LayerNorms' outputs and the attention probabilities are recomputed
+in the backward pass (about 11% more FLOPs, the FFN's first product). "minimal_ffn" also
+keeps ffn_pre and ffn_input (+1.25 MiB there): the backward pass recomputes no product and
+no LayerNorm, only GELU. The last three rows are a few bytes per token, and keeping them
+spares each layer's recomputation a re-reduction per LayerNorm and a handful of tiny
+kernels (BERT-Large on the H100 target: benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -36,11 +47,24 @@ _REMAT_POLICIES = {
     "dots_with_no_batch_dims_saveable": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     "minimal": jax.checkpoint_policies.save_only_these_names(
         "query", "key", "value", "context", "attention_lse", "attention_residual",
-        "output_residual"),
+        "output_residual", "norm_stats", "dropout_seeds", "attention_mask"),
     "minimal_ffn": jax.checkpoint_policies.save_only_these_names(
         "query", "key", "value", "context", "attention_lse", "attention_residual", "ffn_pre",
-        "output_residual"),
+        "ffn_input", "output_residual", "norm_stats", "dropout_seeds", "attention_mask"),
 }
+
+
+def _kernels_as(dtype):
+    """A params-view function casting every float `kernel` leaf (the Dense weights) to
+    `dtype`; biases and LayerNorm params keep theirs (Dense adds its bias in float32)."""
+    def cast(variables):
+        def leaf(path, x):
+            named = any(getattr(k, "key", None) == "kernel" for k in path)
+            if named and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+                return x.astype(dtype)
+            return x
+        return jax.tree_util.tree_map_with_path(leaf, variables)
+    return cast
 
 
 class BertLayer(nn.Module):
@@ -64,21 +88,22 @@ class BertLayer(nn.Module):
         drop = Dropout(rate=c.hidden_dropout_prob, impl=c.dropout_rng)
         attention = BertSelfAttention(c, self.deterministic, name="attention")
         if c.layer0_attention_norm or self.index > 0 or index is not None:
-            attention_norm = layer_norm(c, "attention_norm")
+            attention_norm = layer_norm(c, "attention_norm", "norm_stats")
         else:  # its input is the embedding LayerNorm's output
             attention_norm = lambda h: h  # noqa: E731
         width = c.intermediate_size
-        intermediate = dense(c, width, ("embed", "mlp"), "intermediate", c.use_bias)
-        gate = (dense(c, width, ("embed", "mlp"), "gate", c.use_bias)
+        intermediate = dense(c, width, ("embed", "mlp"), "intermediate", c.use_bias,
+                             product_name="ffn_pre")
+        gate = (dense(c, width, ("embed", "mlp"), "gate", c.use_bias, product_name="ffn_pre")
                 if c.ffn_type != "dense" else None)
         output = dense(c, c.hidden_size, ("mlp", "embed"), "output", c.use_bias, "out")
-        output_norm = layer_norm(c, "output_norm")
+        output_norm = layer_norm(c, "output_norm", "norm_stats")
         act = activation(c.hidden_act)
 
         def ffn(h):
-            g = act(checkpoint_name(intermediate(h), "ffn_pre"))
+            g = act(intermediate(h))
             if gate is not None:  # GLU: act(x W_in) * (x W_gate)
-                g = g * checkpoint_name(gate(h), "ffn_pre")
+                g = g * gate(h)
             g = nn.with_logical_constraint(g, ("batch", "length", "mlp"))
             return output(g)
 
@@ -90,9 +115,10 @@ class BertLayer(nn.Module):
 
         if c.pre_ln:
             h = residual(x, attend(attention_norm(x)), "attention_residual")
-            y = residual(h, ffn(output_norm(h)), "output_residual")
+            y = residual(h, ffn(checkpoint_name(output_norm(h), "ffn_input")), "output_residual")
         else:
-            h = attention_norm(residual(x, attend(x), "attention_residual"))
+            h = checkpoint_name(attention_norm(residual(x, attend(x), "attention_residual")),
+                                "ffn_input")
             y = output_norm(residual(h, ffn(h), "output_residual"))
         y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
         return (y, None) if self.scanned else y
@@ -118,6 +144,15 @@ class BertEncoder(nn.Module):
             # unrolled) need remat's barriers for that, else the recomputed values are kept.
             rolled = c.scan_layers and unroll == 1
             layer_cls = nn.remat(BertLayer, policy=_REMAT_POLICIES[c.remat], prevent_cse=not rolled)
+            if not rolled and c.compute_dtype != c.storage_dtype and not self.is_initializing():
+                # The barriers hold every input of the recomputation, the weights included:
+                # cast outside them, each weight is cast once per step, in the forward pass,
+                # and the backward pass reads that copy. Cast inside, the backward pass casts
+                # again, and each float32 layer slice of a stacked weight is written out for
+                # its barrier (BERT-Large, H100: 288 kernels and ~4 GiB a step). The values
+                # and gradients are the same: the cast is the Dense layers' own.
+                layer_cls = nn.map_variables(layer_cls, "params",
+                                             trans_in_fn=_kernels_as(c.compute_dtype))
         if c.scan_layers:
             first = 0
             if not c.layer0_attention_norm:

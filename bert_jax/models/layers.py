@@ -8,7 +8,9 @@ from typing import Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from flax.linen.dtypes import promote_dtype
+from flax.linen import normalization as _flax_norm
+from flax.linen.dtypes import canonicalize_dtype, promote_dtype
+from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models.config import BertConfig
 
@@ -81,9 +83,26 @@ class Dense(nn.Dense):
     to their common dtype, as nn.Dense does."""
 
     promote_dtype: object = _promote_all_but_bias
+    # When set, the product x @ W (before the bias) carries this checkpoint name, so that a
+    # remat policy saving it keeps the matmul's own output buffer: naming the biased,
+    # cast result instead makes the next fusion write a second copy of it.
+    product_name: str | None = None
 
+    @nn.compact
     def __call__(self, inputs):
-        y = super().__call__(inputs)
+        # nn.Dense.__call__ (flax 0.12), op for op (a test holds it to nn.Dense bit for
+        # bit), with the product named.
+        kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features),
+                            self.param_dtype)
+        bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
+                if self.use_bias else None)
+        inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        y = jax.lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
+                                precision=self.precision)
+        if self.product_name is not None:
+            y = checkpoint_name(y, self.product_name)
+        if bias is not None:
+            y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
         return y if self.dtype is None else y.astype(self.dtype)
 
 
@@ -104,9 +123,10 @@ def add_bias(x, bias):
 
 
 def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
-          use_bias: bool = True, role: str = "in") -> Dense:
+          use_bias: bool = True, role: str = "in", product_name: str | None = None) -> Dense:
     """A Dense layer whose kernel is named `axes` (in, out) and bias `axes[1]` (none when
-    `use_bias` is False); `role` picks the kernel's init std (init_std)."""
+    `use_bias` is False); `role` picks the kernel's init std (init_std); `product_name`
+    names x @ W for remat policies (Dense)."""
     return Dense(
         features,
         use_bias=use_bias,
@@ -114,19 +134,70 @@ def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
         param_dtype=config.storage_dtype,
         kernel_init=weight_init(config, axes, role),
         bias_init=zeros_init(axes[1:]),
+        product_name=product_name,
         name=name,
     )
 
 
-def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+class LayerNorm(nn.LayerNorm):
+    """nn.LayerNorm, op for op (flax's own statistics function, then the same
+    normalisation in the same order; a test holds it to nn.LayerNorm bit for bit), whose
+    float32 mean, variance and reciprocal standard deviation carry the checkpoint name
+    `stats_name` when it is set. A remat policy that saves them (three floats per token)
+    spares the backward pass the re-reduction of the input, a full read of [tokens,
+    hidden] per LayerNorm, and the kernel that recomputes the reciprocal."""
+
+    stats_name: str | None = None
+
+    @nn.compact
+    def __call__(self, x, *, mask=None):
+        if self.axis_name is not None or not self.use_fast_variance:
+            return super().__call__(x, mask=mask)  # not what the models build: flax's own
+        name = (lambda v: checkpoint_name(v, self.stats_name)) if self.stats_name else (
+            lambda v: v)
+        mean, var = _flax_norm._compute_stats(
+            x, self.reduction_axes, self.dtype, mask=mask,
+            force_float32_reductions=self.force_float32_reductions)
+        reduction_axes = _flax_norm._canonicalize_axes(x.ndim, self.reduction_axes)
+        feature_axes = _flax_norm._canonicalize_axes(x.ndim, self.feature_axes)
+        feature_shape = [1] * x.ndim
+        features = []
+        for ax in feature_axes:
+            feature_shape[ax] = x.shape[ax]
+            features.append(x.shape[ax])
+        mean = name(jnp.expand_dims(mean, reduction_axes))
+        var = name(jnp.expand_dims(var, reduction_axes))
+        y = x - mean
+        inv = name(jax.lax.rsqrt(var + self.epsilon))
+        args = [x]
+        if self.use_scale:
+            scale = self.param("scale", self.scale_init, features,
+                               self.param_dtype).reshape(feature_shape)
+            if not self.force_float32_reductions:
+                scale = jnp.asarray(scale, self.param_dtype)
+            inv = inv * scale
+            args.append(scale)
+        y = y * inv
+        if self.use_bias:
+            bias = self.param("bias", self.bias_init, features,
+                              self.param_dtype).reshape(feature_shape)
+            if not self.force_float32_reductions:
+                bias = jnp.asarray(bias, self.param_dtype)
+            y = y + bias
+            args.append(bias)
+        return jnp.asarray(y, canonicalize_dtype(*args, dtype=self.dtype))
+
+
+def layer_norm(config: BertConfig, name: str, stats_name: str | None = None) -> LayerNorm:
     # flax computes the mean / variance in float32 even for a bfloat16 input.
-    return nn.LayerNorm(
+    return LayerNorm(
         epsilon=config.layer_norm_eps,
         use_bias=config.norm_bias,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
         scale_init=ones_init(("embed",)),
         bias_init=zeros_init(("embed",)),
+        stats_name=stats_name,
         name=name,
     )
 

@@ -5,6 +5,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bert_jax.models.layers import activation, gelu_erf
 
@@ -76,3 +77,44 @@ def test_gelu_half_precision_rounds_once():
                        * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, jnp.bfloat16))),
                        np.float64)
     assert np.max(np.abs(naive - ref)[near] / ulp[near]) > 1.0
+
+
+def _values_and_grads(module, x):
+    import flax
+    params = flax.linen.meta.unbox(module.init(jax.random.PRNGKey(0), x)["params"])
+    params = jax.tree_util.tree_map(
+        lambda p: p + 0.1 * jax.random.normal(jax.random.PRNGKey(1), p.shape, p.dtype), params)
+    f = lambda p, x: jnp.sum(jnp.sin(module.apply({"params": p}, x).astype(jnp.float32)))  # noqa: E731
+    return module.apply({"params": params}, x), jax.grad(f, argnums=(0, 1))(params, x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_named_dense_and_layernorm_are_flaxs_bit_for_bit(dtype):
+    # Dense (product_name) and LayerNorm (stats_name) reimplement flax's __call__ so that a
+    # remat policy can name inner values: the same ops in the same order, so the same bits
+    # as nn.Dense / nn.LayerNorm (with bert_jax's float32 bias add) values and gradients.
+    import flax.linen as nn
+
+    from bert_jax.models.layers import Dense, LayerNorm, _promote_all_but_bias
+    x = jax.random.normal(jax.random.PRNGKey(2), (3, 5, 24), jnp.float32).astype(dtype)
+
+    class FlaxDense(nn.Dense):  # bert_jax's Dense before it had product_name
+        promote_dtype: object = _promote_all_but_bias
+
+        def __call__(self, inputs):
+            return super().__call__(inputs).astype(self.dtype)
+
+    pairs = [(Dense(40, dtype=dtype, product_name="p"), FlaxDense(40, dtype=dtype)),
+             (Dense(40, dtype=dtype), FlaxDense(40, dtype=dtype)),
+             (LayerNorm(epsilon=1e-12, dtype=dtype, stats_name="s"),
+              nn.LayerNorm(epsilon=1e-12, dtype=dtype)),
+             (LayerNorm(epsilon=1e-5, dtype=dtype, use_bias=False),
+              nn.LayerNorm(epsilon=1e-5, dtype=dtype, use_bias=False))]
+    for ours, theirs in pairs:
+        (got, got_grads), (want, want_grads) = (_values_and_grads(m, x) for m in (ours, theirs))
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
+        jax.tree_util.tree_map(
+            lambda g, w: np.testing.assert_array_equal(np.asarray(g, np.float32),
+                                                       np.asarray(w, np.float32)),
+            got_grads, want_grads)

@@ -41,12 +41,15 @@ def test_minimal_policies_keep_exactly_the_named_values(remat, ffn, dtype):
     b, n = 3, 16
     a, d, h, f = config.num_attention_heads, config.head_dim, config.hidden_size, config.intermediate_size
     want = {(dtype, (b, n, a, d)): 4,  # query, key, value, context
-            (dtype, (b, n, h)): 3}     # the layer input, attention_residual, output_residual
+            (dtype, (b, n, h)): 3,     # the layer input, attention_residual, output_residual
+            ("float32", (b, n, 1)): 6}  # norm_stats: mean, variance, 1/std of both norms
     if ffn:
         want[(dtype, (b, n, f))] = 1   # ffn_pre
+        want[(dtype, (b, n, h))] += 1  # ffn_input
     assert _stacked_residuals(config, b, n) == want
-    # In elements per token per layer: 7 H (+ F). At BERT-Large (H=1024, F=4096, L=128,
-    # bfloat16) that is 1.75 MiB (minimal) and 2.75 MiB (minimal_ffn) per example per layer.
+    # In elements per token per layer: 7 H (+ F + H) and 6 float32 statistics. At BERT-Large
+    # (H=1024, F=4096, L=128, bfloat16) that is 1.75 MiB (minimal) and 3 MiB (minimal_ffn)
+    # per example per layer.
 
 
 @pytest.mark.parametrize("remat", ["minimal", "minimal_ffn"])
@@ -60,9 +63,11 @@ def test_minimal_policies_keep_the_flash_kernels_output_and_lse_once(remat):
     a, d, h, f = config.num_attention_heads, config.head_dim, config.hidden_size, config.intermediate_size
     want = {("float32", (b, n, a, d)): 4,  # query, key, value, context
             ("float32", (b, a, n)): 1,     # attention_lse
-            ("float32", (b, n, h)): 3}     # the layer input, attention_residual, output_residual
+            ("float32", (b, n, h)): 3,     # the layer input, attention_residual, output_residual
+            ("float32", (b, n, 1)): 6}     # norm_stats (attention_mask: loop-invariant)
     if remat == "minimal_ffn":
         want[("float32", (b, n, f))] = 1
+        want[("float32", (b, n, h))] += 1
     assert _stacked_residuals(config, b, n) == want
 
 
@@ -107,3 +112,55 @@ def test_policies_equal_no_remat_with_dropout(remat, scan):
                             jax.tree_util.tree_leaves(want_grads)):
         atol = 1e-6 * max(1.0, float(np.abs(w).max()))
         np.testing.assert_allclose(g, w, atol=atol, rtol=1e-5, err_msg=jax.tree_util.keystr(path))
+
+
+def _checkpoint_inputs(jaxpr):
+    """The input avals of every remat (`checkpoint`) equation in `jaxpr` and its sub-jaxprs."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in ("checkpoint", "remat2"):  # jax.checkpoint's primitive
+            found.append([v.aval for v in eqn.invars])
+        for p in eqn.params.values():
+            inner = getattr(p, "jaxpr", p)  # a ClosedJaxpr or a Jaxpr (scan, jit bodies)
+            if hasattr(inner, "eqns"):
+                found += _checkpoint_inputs(inner)
+    return found
+
+
+def _bf16_remat_grads(config, cast_outside=True, monkeypatch=None):
+    from bert_jax.models import encoder
+    if not cast_outside:
+        monkeypatch.setattr(encoder, "_kernels_as", lambda dtype: lambda v: v)
+    ids, mask, types = random_batch(config, batch=3, length=16)
+    model = BertModel(config)
+    params = flax.linen.meta.unbox(model.init(jax.random.PRNGKey(0), ids)["params"])
+
+    def loss(p):
+        out = model.apply({"params": p}, ids, mask, types, deterministic=False,
+                          rngs={"dropout": jax.random.PRNGKey(3)})[0]
+        return jnp.sum(jnp.sin(out.astype(jnp.float32)))
+    return loss, params, jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_unrolled_remat_takes_its_weights_already_cast(monkeypatch):
+    # Straight-line layers under remat get barriers on every input of the recomputation:
+    # the Dense weights reach them already in the compute dtype (cast once, in the forward
+    # pass), not as float32 layer slices that the backward pass casts again. Biases and
+    # LayerNorm params stay float32. Same loss and gradients as casting inside, bit for bit.
+    config = tiny_config(num_hidden_layers=LAYERS, remat="minimal_ffn", scan_layers=True,
+                         scan_unroll=0, dtype="bfloat16")
+    loss, params, (value, grads) = _bf16_remat_grads(config)
+    h, f = config.hidden_size, config.intermediate_size
+    a, d = config.num_attention_heads, config.head_dim
+    kernel_shapes = {(h, f), (f, h), (h, a, d), (a, d, h)}
+    inputs = _checkpoint_inputs(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
+    assert inputs  # the scanned body, traced once
+    for avals in inputs:
+        weights = [str(x.dtype) for x in avals if x.shape in kernel_shapes]
+        assert weights == ["bfloat16"] * 6, weights  # query, key, value, output x 2
+        small = [str(x.dtype) for x in avals if x.shape in ((h,), (f,), (a, d))]
+        assert small and set(small) == {"float32"}, small
+    monkeypatch_value, monkeypatch_grads = _bf16_remat_grads(
+        config, cast_outside=False, monkeypatch=monkeypatch)[2]
+    assert float(value) == float(monkeypatch_value)
+    jax.tree_util.tree_map(np.testing.assert_array_equal, grads, monkeypatch_grads)

@@ -42,10 +42,12 @@ from __future__ import annotations
 import numbers
 
 import jax
+from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.errors import UserError
 from bert_jax.models.attention_ops import cudnn, pallas_flash, splash_tpu
 from bert_jax.models.attention_ops.backend import platform
+from bert_jax.models.dropout import draw_seeds
 from bert_jax.models.layers import add_bias
 
 IMPLS = ("auto", "xla", "cudnn", "pallas")
@@ -173,7 +175,7 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
     heads = q.shape[2]
     seeds = None
     if dropout_key is not None and dropout_rate > 0:
-        seeds = jax.random.bits(dropout_key, (2,), jax.numpy.uint32)
+        seeds = draw_seeds(dropout_key)
     else:  # evaluation: the model passes its configured rate and no key
         dropout_rate = 0.0
 
@@ -197,7 +199,8 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
             batch_offset = jax.lax.axis_index(batch_axes) * q.shape[0]
         if head_axes:
             head_offset = jax.lax.axis_index(head_axes) * q.shape[2]
-        kv_seg = kv_mask.astype(jax.numpy.int32)
+        # named: a policy keeping it spares each layer's recomputation the conversion
+        kv_seg = checkpoint_name(kv_mask.astype(jax.numpy.int32), "attention_mask")
         # Padding rows: every query may attend the real keys (the XLA path's key mask);
         # packed rows: a query attends its own sequence's keys (equal ids).
         q_seg = kv_seg if packed else jax.numpy.ones_like(kv_seg)

@@ -188,7 +188,8 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
         if seeds.shape != (2,) or seeds.dtype != jnp.uint32:
             raise ValueError(f"seeds must be <uint32>[2], got {seeds.dtype}{seeds.shape}")
         offsets = [jnp.asarray(o).astype(jnp.uint32) for o in (batch_offset, head_offset)]
-        params = jnp.stack([seeds[0], seeds[1], *offsets])
+        # named as the seeds are (dropout.draw_seeds): a policy keeping them keeps these
+        params = checkpoint_name(jnp.stack([seeds[0], seeds[1], *offsets]), "dropout_seeds")
     else:
         params = jnp.zeros((4,), jnp.uint32)
 
