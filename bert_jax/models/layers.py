@@ -97,8 +97,12 @@ class Dense(nn.Dense):
         bias = (self.param("bias", self.bias_init, (self.features,), self.param_dtype)
                 if self.use_bias else None)
         inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-        y = jax.lax.dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
-                                precision=self.precision)
+        if self.dot_general_cls is not None:
+            dot_general = self.dot_general_cls()
+        else:
+            dot_general = self.dot_general or jax.lax.dot_general
+        y = dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
+                        precision=self.precision)
         if self.product_name is not None:
             y = checkpoint_name(y, self.product_name)
         if bias is not None:

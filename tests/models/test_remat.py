@@ -142,19 +142,21 @@ def _bf16_remat_grads(config, cast_outside=True, monkeypatch=None):
     return loss, params, jax.jit(jax.value_and_grad(loss))(params)
 
 
-def test_unrolled_remat_takes_its_weights_already_cast(monkeypatch):
+@pytest.mark.parametrize("stack", [dict(scan_layers=True, scan_unroll=0),
+                                   dict(scan_layers=False)])
+def test_unrolled_remat_takes_its_weights_already_cast(monkeypatch, stack):
     # Straight-line layers under remat get barriers on every input of the recomputation:
     # the Dense weights reach them already in the compute dtype (cast once, in the forward
     # pass), not as float32 layer slices that the backward pass casts again. Biases and
     # LayerNorm params stay float32. Same loss and gradients as casting inside, bit for bit.
-    config = tiny_config(num_hidden_layers=LAYERS, remat="minimal_ffn", scan_layers=True,
-                         scan_unroll=0, dtype="bfloat16")
+    config = tiny_config(num_hidden_layers=LAYERS, remat="minimal_ffn", dtype="bfloat16",
+                         **stack)
     loss, params, (value, grads) = _bf16_remat_grads(config)
     h, f = config.hidden_size, config.intermediate_size
     a, d = config.num_attention_heads, config.head_dim
     kernel_shapes = {(h, f), (f, h), (h, a, d), (a, d, h)}
     inputs = _checkpoint_inputs(jax.make_jaxpr(jax.grad(loss))(params).jaxpr)
-    assert inputs  # the scanned body, traced once
+    assert len(inputs) == (1 if config.scan_layers else LAYERS)  # a scanned body is traced once
     for avals in inputs:
         weights = [str(x.dtype) for x in avals if x.shape in kernel_shapes]
         assert weights == ["bfloat16"] * 6, weights  # query, key, value, output x 2
