@@ -15,8 +15,15 @@ A whole run takes several minutes on a current data-center GPU. If your job runn
 command's time, run back-to-back calls, each with --deadline_s a little under the limit and
 one or two cases, e.g.
     --cases=base128 --compile_cases=          (profile, variants, eager torch)
-    --cases=large128 --profile_case=          (remat=none row, torch.compile)
-    --cases=large512 --profile_case= --compile_cases=
+    --cases=large128 --profile_case= --skip_check      (remat=none row, torch.compile)
+    --cases=large512 --profile_case= --compile_cases= --skip_check
+
+On an H200 a BERT-Base row takes about 60 s of its child's time (26 s of it compiling), a
+BERT-Large row about 115 s, a torch eager row about 20 s, the kernel check 35 s: a
+15-minute device budget holds about ten rows (benchmarks/RESULTS.md).
+
+With device time left after the suite, run benchmarks/attention_sweep.py (a few minutes):
+the attention kernels alone, the Pallas tilings against cuDNN and torch's SDPA.
 
 Figures compare only within one report. The cases, variants and the table's columns are
 described in benchmarks/gpu/ (suite.py, report.py).

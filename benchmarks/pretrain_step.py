@@ -35,7 +35,8 @@ def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: 
     """All local devices in one data-parallel mesh. Returns a dict: model, mcfg (the
     BertConfig), state, batches (two synthetic global batches), rng, lowered (the step's
     lowering, to compile again with other compiler options), compiled (the step, compiled
-    as launch/train.py compiles it) and compile_s."""
+    as launch/train.py compiles it), compile_s (lowering and compiling the step) and
+    init_s (initializing the state)."""
     import jax
     import numpy as np
 
@@ -57,8 +58,11 @@ def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: 
     schedule = optim.make_schedule(config.schedule, 1_000_000)
     _, shardings = state_lib.state_shardings(model, tx, mesh, rules,
                                              state_lib.dummy_inputs(seq, preds))
+    t = time.perf_counter()
     state = state_lib.init_state(model, tx, mesh, rules, jax.random.key(0),
                                  state_lib.dummy_inputs(seq, preds), shardings)
+    jax.block_until_ready(state)
+    init_s = time.perf_counter() - t
     bsh = data_device.batch_sharding(mesh, rules)
     # As launch/train.py compiles it: with the default train.skip_nonfinite=False the step
     # has no select of old against new state (the loop stops on the flag instead).
@@ -74,7 +78,8 @@ def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: 
     lowered = fn.lower(state, batches[0], rng)
     compiled = lowered.compile()
     return dict(model=model, mcfg=mcfg, state=state, batches=batches, rng=rng,
-                lowered=lowered, compiled=compiled, compile_s=time.perf_counter() - t)
+                lowered=lowered, compiled=compiled, compile_s=time.perf_counter() - t,
+                init_s=init_s)
 
 
 def base_stepper(batch: int, seq: int):

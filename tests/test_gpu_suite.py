@@ -26,6 +26,12 @@ raise ImportError("tensorflow is blocked by tests/test_gpu_suite.py")
 """
 
 
+# bert_jax's dependencies that the GPU image (jax, flax, optax, orbax, torch, transformers;
+# ml_collections carried in) lacks: the first GPU session lost a call to a child's
+# `import google_crc32c` through the pre-training task's data module.
+_NOT_ON_GPU_IMAGE = ("google_crc32c", "sentencex", "sentencepiece", "tensorflow_datasets")
+
+
 def _suite_module(name: str):
     """benchmarks/gpu/<name>.py, imported as benchmarks/gpu_suite.py imports it (loading the
     script puts benchmarks/ on sys.path)."""
@@ -46,6 +52,10 @@ def test_smoke_run(tmp_path):
     block = tmp_path / "no_tf" / "tensorflow"
     block.mkdir(parents=True)
     (block / "__init__.py").write_text(_TF_BLOCKER)
+    for name in _NOT_ON_GPU_IMAGE:  # the suite must run without them, as on the GPU image
+        (block.parent / name).mkdir()
+        (block.parent / name / "__init__.py").write_text(
+            f"raise ImportError('{name} is blocked by tests/test_gpu_suite.py')\n")
     marker = tmp_path / "tf_imported.txt"
     env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="2",
                GPU_SUITE_TF_MARKER=str(marker),
@@ -154,6 +164,7 @@ def test_smoke_run(tmp_path):
         assert ours["dtype"] == "bfloat16" and ours["attention_resolved"] == "xla", ours
         assert ours["scan_layers"] is True and ours["scan_unroll"] == 0, ours
         assert 0 < ours["mfu"] < 1 and ours["flops_per_example"] > 0 and ours["compile_s"] > 0
+        assert ours["init_s"] > 0
         assert ours["n_params"] == theirs["n_params"], (ours, theirs)  # the same model
         assert ours["gemms"] == dict(gemms=0, autotuned=0, by_backend={}, configs={}), ours
         assert theirs["attn_implementation"] == "sdpa" and theirs["autocast"] == "off", theirs
@@ -281,6 +292,26 @@ def test_deadline_skips_measurements_and_still_prints_the_table(tmp_path, monkey
     assert "[1] base128 bert_jax default: skipped: --deadline_s=30 reached" in text
     assert "no trace: skipped: --deadline_s=30 reached" in text
     assert text.rstrip().splitlines()[-1].startswith("total ")
+
+
+def test_skip_check_starts_no_kernel_check(tmp_path, monkeypatch):
+    """--skip_check (a session's later calls): no check child, a line saying so, and the
+    measurements still run."""
+    suite = _suite_module("suite")
+    kinds = []
+
+    def spawn(spec, timeout, report):
+        kinds.append(spec["kind"])
+        return {"error": "not run in this test", "wall_s": 0.0}
+
+    monkeypatch.setattr(suite, "spawn", spawn)
+    out = tmp_path / "out"
+    assert suite.main(["--smoke", f"--out={out}", "--skip_check", "--cases=base128",
+                       "--variants=", "--profile_case="]) == 0
+    assert kinds == ["info", "jax", "torch"]
+    text = (out / "gpu_suite.txt").read_text()
+    assert "== Kernel check: skipped (--skip_check) ==" in text
+    assert json.loads((out / "gpu_suite.json").read_text())["checks"] == {"skipped": True}
 
 
 # Lines of an optimized HLO module for a GPU. The first fusion and its computation are

@@ -188,8 +188,8 @@ def describe_jax(r: dict) -> str:
     return (f"{fmt(r.get('ms_per_step'), '.1f')} ms/step, {fmt(r.get('seq_per_s'), '.1f')} "
             f"seq/s, MFU {fmt(100 * r['mfu'] if 'mfu' in r else None, '.1f')}%, attention "
             f"{r.get('attention')}->{r.get('attention_resolved')}, remat {r.get('remat')}"
-            f"{layers_tag(r)}; compile {fmt(r.get('compile_s'), '.1f')}"
-            f" s, temp {fmt(r.get('temp_gib'), '.2f')} GiB, peak {fmt(r.get('peak_gib'), '.2f')}"
+            f"{layers_tag(r)}; init {fmt(r.get('init_s'), '.1f')} s, compile "
+            f"{fmt(r.get('compile_s'), '.1f')} s, temp {fmt(r.get('temp_gib'), '.2f')} GiB, peak {fmt(r.get('peak_gib'), '.2f')}"
             f" GiB, loss {fmt(r.get('loss'), '.3f')}")
 
 

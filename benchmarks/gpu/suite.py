@@ -93,6 +93,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="wall-clock budget of the whole run: later measurements are "
                         "skipped so that the table is printed in time (e.g. 540 under a "
                         "10-minute command limit)")
+    p.add_argument("--skip_check", action="store_true",
+                   help="no kernel check (about 35 s on a GPU): for a session's second and "
+                        "later calls, once the first has checked the kernels")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes")
     return p
 
@@ -241,7 +244,12 @@ def main(argv=None, description: str = "") -> int:
     info = suite.spawn_within({"kind": "info", "smoke": args.smoke})
     report_lib.header(report, info, args, argv)
     report.print()
-    report_lib.kernel_checks(report, suite.spawn_within({"kind": "check", "smoke": args.smoke}))
+    if args.skip_check:
+        report.data["checks"] = {"skipped": True}
+        report.print("== Kernel check: skipped (--skip_check) ==")
+    else:
+        report_lib.kernel_checks(report, suite.spawn_within({"kind": "check",
+                                                             "smoke": args.smoke}))
     report.print()
     report.print("== Measurements (each in its own process) ==")
     profiled = suite.run_cases(cases, variants)
