@@ -145,6 +145,8 @@ DESCRIPTIONS = {
     "model.pallas_num_warps": "Pallas GPU kernel: Triton warps per program, a power of two <= "
                               "32; 0: 4.",
     "model.pallas_num_stages": "Pallas GPU kernel: Triton pipelining stages, >= 1; 0: 2.",
+    "model.gelu_backward": "FFN bias + GELU backward: `auto` (a Pallas kernel on GPU, bf16/fp16, "
+                           "no remat; else XLA), `xla`, `pallas`. Speed only.",
     "model.position_embedding": "`learned` (a position table, BERT) or `rotary` (queries and "
                                 "keys rotated by position, no table).",
     "model.rope_theta": "Rotary base of the global layers.",
@@ -265,4 +267,5 @@ DESCRIPTIONS = {
     "model_overrides.pallas_bwd_block_k": "As `model.pallas_bwd_block_k`.",
     "model_overrides.pallas_num_warps": "As `model.pallas_num_warps`.",
     "model_overrides.pallas_num_stages": "As `model.pallas_num_stages`.",
+    "model_overrides.gelu_backward": "As `model.gelu_backward`.",
 }

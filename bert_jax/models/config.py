@@ -31,6 +31,7 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_tanh", "relu", "tanh", "silu")
 REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "minimal",
                   "minimal_ffn")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
+GELU_BACKWARDS = ("auto", "xla", "pallas")
 DTYPES = ("float32", "bfloat16", "float16")
 DROPOUT_RNGS = ("hash", "jax")
 POSITION_EMBEDDINGS = ("learned", "rotary")
@@ -81,6 +82,12 @@ class BertConfig:
       pallas_num_warps, pallas_num_stages: Triton's warps per program (a power of two up
         to 32) and software-pipelining stages (>= 1) for those kernels (0: 4 and 2).
         Run-time options: they change speed, never results (up to float summation order).
+      gelu_backward: the backward pass of the FFN's bias + exact GELU (models/gelu_ops.py):
+        "auto" (one Pallas kernel on GPU under bfloat16 / float16 compute without remat,
+        else XLA's),
+        "xla", or "pallas" (also on CPU, interpret mode: tests). Speed only: the kernel
+        computes what jax's backward pass of that expression defines (bias gradient: the
+        float32 sum of the rounded GELU gradient).
 
     The third block is the architecture of later encoders (ModernBERT: rotary positions,
     GeGLU, no biases, pre-LN, alternating global / sliding-window attention); every
@@ -135,6 +142,7 @@ class BertConfig:
     pallas_bwd_block_k: int = 0
     pallas_num_warps: int = 0
     pallas_num_stages: int = 0
+    gelu_backward: str = "auto"
 
     position_embedding: str = "learned"
     rope_theta: float = 10000.0
@@ -177,6 +185,9 @@ class BertConfig:
         if self.attention not in ATTENTION_IMPLS:
             raise ConfigError(
                 f"BertConfig.attention={self.attention!r}; expected one of {ATTENTION_IMPLS}")
+        if self.gelu_backward not in GELU_BACKWARDS:
+            raise ConfigError(f"BertConfig.gelu_backward={self.gelu_backward!r}; expected one "
+                              f"of {GELU_BACKWARDS}")
         if self.dropout_rng not in DROPOUT_RNGS:
             raise ConfigError(
                 f"BertConfig.dropout_rng={self.dropout_rng!r}; expected one of {DROPOUT_RNGS}")

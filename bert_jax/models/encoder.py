@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from bert_jax.models import gelu_ops
 from bert_jax.models.attention import BertSelfAttention
 from bert_jax.models.attention_ops import platform
 from bert_jax.models.config import BertConfig
@@ -100,8 +101,13 @@ class BertLayer(nn.Module):
         output_norm = layer_norm(c, "output_norm", "norm_stats")
         act = activation(c.hidden_act)
 
+        # The bias + exact GELU with its one-kernel backward pass (model.gelu_backward).
+        fused_gelu = (gate is None and c.use_bias
+                      and gelu_ops.applies(c.gelu_backward, platform(), c.compute_dtype,
+                                           c.hidden_act, c.remat))
+
         def ffn(h):
-            g = act(intermediate(h))
+            g = intermediate(h, fused_gelu=True) if fused_gelu else act(intermediate(h))
             if gate is not None:  # GLU: act(x W_in) * (x W_gate)
                 g = g * gate(h)
             g = nn.with_logical_constraint(g, ("batch", "length", "mlp"))

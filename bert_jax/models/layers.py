@@ -89,7 +89,9 @@ class Dense(nn.Dense):
     product_name: str | None = None
 
     @nn.compact
-    def __call__(self, inputs):
+    def __call__(self, inputs, fused_gelu: bool = False):
+        """fused_gelu: return gelu_erf of the output through gelu_ops.bias_gelu (the same
+        expression, with its one-kernel backward pass); needs a bias and a compute dtype."""
         # nn.Dense.__call__ (flax 0.12), op for op (a test holds it to nn.Dense bit for
         # bit), with the product named.
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features),
@@ -105,6 +107,12 @@ class Dense(nn.Dense):
                         precision=self.precision)
         if self.product_name is not None:
             y = checkpoint_name(y, self.product_name)
+        if fused_gelu:
+            if bias is None or self.dtype is None:
+                raise ValueError("Dense(fused_gelu=True) needs use_bias and a dtype")
+            from bert_jax.models import gelu_ops
+
+            return gelu_ops.bias_gelu(y.astype(self.dtype), bias)
         if bias is not None:
             y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
         return y if self.dtype is None else y.astype(self.dtype)

@@ -1,0 +1,197 @@
+"""models/gelu_ops.py: the FFN's bias + exact GELU whose backward pass is one Pallas kernel
+(run here in interpret mode) against jax's own backward pass of the same expression; its
+float32 erf against the float64 one; the model's choice of path; a mesh."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import flax.linen
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.special
+
+from bert_jax.models import BertForPreTraining, gelu_ops
+from bert_jax.models.config import BertConfig, ConfigError
+from tests.conftest import REPO
+from tests.models.helpers import random_batch, tiny_config
+
+
+def test_erf_and_gelu_derivative_are_float32_accurate():
+    x = np.linspace(-9, 9, 360_001, dtype=np.float32)
+    erf = np.asarray(gelu_ops.erf_f32(jnp.asarray(x)), np.float64)
+    exact = scipy.special.erf(x.astype(np.float64))
+    # lax.erf's own float32 error on this grid is 5.0e-7 (XLA:CPU, the same rational form).
+    assert np.max(np.abs(erf - exact)) < 6e-7
+    assert np.max(np.abs(np.asarray(jax.lax.erf(jnp.asarray(x)), np.float64) - exact)) < 6e-7
+    x64 = x.astype(np.float64)
+    grad_exact = 0.5 * (1 + scipy.special.erf(x64 / np.sqrt(2))) + x64 * np.exp(
+        -0.5 * x64 ** 2) / np.sqrt(2 * np.pi)
+    grad = np.asarray(gelu_ops.gelu_grad_f32(jnp.asarray(x)), np.float64)
+    assert np.max(np.abs(grad - grad_exact)) < 1e-6
+
+
+def _inputs(dtype, rows=256, width=96, seed=0):
+    k = jax.random.split(jax.random.PRNGKey(seed), 3)
+    p = (2 * jax.random.normal(k[0], (rows, width))).astype(dtype)
+    bias = jax.random.normal(k[1], (width,), jnp.float32)
+    g = jax.random.normal(k[2], (rows, width)).astype(dtype)
+    return p, bias, g
+
+
+def test_kernel_equals_jaxs_backward_pass_bf16():
+    p, bias, g = _inputs(jnp.bfloat16)
+    assert gelu_ops.blocks(*p.shape) == (128, 32)  # two row blocks, three column blocks
+    dh, db = gelu_ops.gelu_backward(p, bias, g, interpret=True)
+    _, vjp = jax.vjp(gelu_ops.reference, p, bias)
+    want_dh, want_db = vjp(g)
+    assert dh.dtype == jnp.bfloat16 and db.dtype == jnp.float32
+    got, want = np.asarray(dh, np.float32), np.asarray(want_dh, np.float32)
+    # The same float32 value rounded to bf16, up to erf's last float32 bits: at most one
+    # bf16 ulp apart, and equal almost everywhere. Below x = -5, Phi(x) + x phi(x) cancels
+    # to under 1e-6 in float32 with either erf (both 5e-7 from the exact one): there the
+    # two agree to 2e-6 absolute, not to an ulp.
+    ulp = np.spacing(np.abs(want).astype(np.float32)) * 2 ** 16  # bf16 ulp (8-bit mantissa)
+    assert np.all(np.abs(got - want) <= ulp + 2e-6)
+    assert np.mean(got != want) < 0.03
+    # The bias gradient: the float32 sum of dh as rounded (jax's transpose of the casts).
+    np.testing.assert_allclose(np.asarray(db), np.asarray(want_db), rtol=2e-5, atol=1e-4)
+    own = np.sum(got.astype(np.float64), axis=0)  # from the kernel's own dh
+    np.testing.assert_allclose(np.asarray(db), own, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_equals_jaxs_backward_pass_float32():
+    p, bias, g = _inputs(jnp.float32)
+    dh, db = gelu_ops.gelu_backward(p, bias, g, interpret=True)
+    _, vjp = jax.vjp(gelu_ops.reference, p, bias)
+    want_dh, want_db = vjp(g)
+    np.testing.assert_allclose(np.asarray(dh), np.asarray(want_dh), rtol=2e-6, atol=2e-6)
+    np.testing.assert_allclose(np.asarray(db), np.asarray(want_db), rtol=2e-6, atol=2e-5)
+
+
+def test_bias_gelu_forward_is_the_expression_and_grads_go_through_the_kernel():
+    p, bias, g = _inputs(jnp.bfloat16, rows=64, width=48)
+    p3 = p.reshape(4, 16, 48)  # [batch, length, width] as the FFN has it
+    out = gelu_ops.bias_gelu(p3, bias, interpret=True)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(gelu_ops.reference(p3, bias)))
+    jaxpr = str(jax.make_jaxpr(jax.grad(
+        lambda p, b: jnp.sum(gelu_ops.bias_gelu(p, b, interpret=True).astype(jnp.float32)),
+        argnums=(0, 1)))(p3, bias))
+    assert "gelu_backward" in jaxpr
+    got = jax.vjp(lambda p, b: gelu_ops.bias_gelu(p, b, interpret=True), p3, bias)[1](
+        g.reshape(4, 16, 48))
+    want = jax.vjp(gelu_ops.reference, p3, bias)[1](g.reshape(4, 16, 48))
+    assert got[0].shape == p3.shape and got[1].shape == bias.shape
+    np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=2e-5, atol=1e-4)
+
+
+def test_shapes_that_do_not_tile_keep_the_plain_expression():
+    assert gelu_ops.blocks(10, 64) is None and gelu_ops.blocks(64, 37) is None
+    p, bias, _ = _inputs(jnp.bfloat16, rows=10, width=37)
+    jaxpr = str(jax.make_jaxpr(jax.grad(
+        lambda p: jnp.sum(gelu_ops.bias_gelu(p, bias).astype(jnp.float32))))(p))
+    assert "pallas" not in jaxpr
+
+
+def test_auto_takes_the_kernel_only_on_gpu_in_half_precision():
+    assert gelu_ops.applies("auto", "gpu", jnp.bfloat16, "gelu")
+    assert gelu_ops.applies("auto", "gpu", jnp.float16, "gelu")
+    assert not gelu_ops.applies("auto", "gpu", jnp.float32, "gelu")
+    assert not gelu_ops.applies("auto", "cpu", jnp.bfloat16, "gelu")
+    assert not gelu_ops.applies("auto", "tpu", jnp.bfloat16, "gelu")
+    assert not gelu_ops.applies("auto", "gpu", jnp.bfloat16, "gelu_new")  # tanh form: XLA
+    assert not gelu_ops.applies("xla", "gpu", jnp.bfloat16, "gelu")
+    # Under remat XLA fuses the GELU's recomputation with its backward pass: XLA there.
+    assert not gelu_ops.applies("auto", "gpu", jnp.bfloat16, "gelu", "minimal_ffn")
+    assert gelu_ops.applies("pallas", "gpu", jnp.bfloat16, "gelu", "minimal_ffn")
+    assert gelu_ops.applies("pallas", "cpu", jnp.float32, "gelu")
+    with pytest.raises(ConfigError, match="gelu_backward='fast'.*'auto', 'xla', 'pallas'"):
+        BertConfig(gelu_backward="fast")
+
+
+def _model_grads(config, params, batch):
+    ids, mask, types = batch
+    positions = jnp.array([[1, 2, 3]] * ids.shape[0])
+    model = BertForPreTraining(config)
+
+    def loss(p):
+        mlm, nsp = model.apply({"params": p}, ids, mask, types, masked_lm_positions=positions)
+        return jnp.sum(jnp.sin(mlm.astype(jnp.float32))) + jnp.sum(nsp.astype(jnp.float32) ** 2)
+
+    return jax.jit(jax.grad(loss))(params)
+
+
+def test_model_gradients_with_the_kernel_equal_xlas():
+    """BERT (post-LN, dense GELU FFN), bfloat16 compute, CPU: gelu_backward=pallas (the
+    kernel in interpret mode) against xla. Every gradient to bf16 rounding; the FFN input
+    bias, which the kernel sums, to float32 summation order of values equal up to one ulp."""
+    config = tiny_config(intermediate_size=64, dtype="bfloat16", hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+    batch = random_batch(config, batch=3, length=16)
+    params = flax.linen.meta.unbox(BertForPreTraining(config).init(
+        jax.random.PRNGKey(1), batch[0], masked_lm_positions=jnp.array([[1, 2, 3]] * 3))[
+        "params"])
+    # float32 CPU "auto": the model's jaxpr has no kernel (the float32 step is unchanged)
+    jaxpr = str(jax.make_jaxpr(lambda p: _model_grads(tiny_config(intermediate_size=64),
+                                                      p, batch))(params))
+    assert "gelu_backward" not in jaxpr
+    want = _model_grads(config.replace(gelu_backward="xla"), params, batch)
+    got = _model_grads(config.replace(gelu_backward="pallas"), params, batch)
+    flat_w = jax.tree_util.tree_leaves_with_path(want)
+    flat_g = jax.tree_util.tree_leaves(got)
+    for (path, w), g in zip(flat_w, flat_g):
+        w, g = np.asarray(w, np.float32), np.asarray(g, np.float32)
+        scale = max(float(np.max(np.abs(w))), 1e-6)
+        assert float(np.max(np.abs(g - w))) / scale < 2e-2, jax.tree_util.keystr(path)
+    bias_w = want["bert"]["encoder"]["layer_0"]["intermediate"]["bias"]
+    bias_g = got["bert"]["encoder"]["layer_0"]["intermediate"]["bias"]
+    np.testing.assert_allclose(np.asarray(bias_g), np.asarray(bias_w), rtol=0.05,
+                               atol=0.02 * float(np.max(np.abs(bias_w))))
+
+
+_MESH_WORKER = r"""
+import json, sys
+import flax.linen, jax, jax.numpy as jnp, numpy as np, ml_collections
+sys.path.insert(0, sys.argv[1])
+from bert_jax import sharding as sharding_lib
+from bert_jax.models import BertForPreTraining
+from bert_jax.train.state import mesh_context
+from tests.models.helpers import random_batch, tiny_config
+from tests.models.test_gelu_ops import _model_grads
+
+config = tiny_config(intermediate_size=64, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0)
+ids, mask, types = random_batch(config, batch=3, length=16)
+batch = [jnp.concatenate([a, a[:1]]) for a in (ids, mask, types)]  # 4 examples
+params = flax.linen.meta.unbox(BertForPreTraining(config).init(
+    jax.random.PRNGKey(1), batch[0], masked_lm_positions=jnp.array([[1, 2, 3]] * 4))["params"])
+want = jax.tree_util.tree_leaves(_model_grads(config.replace(gelu_backward="xla"), params,
+                                              batch))
+mesh = sharding_lib.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=1, tensor=2)))
+with mesh_context(mesh, sharding_lib.DEFAULT_RULES):
+    cfg = config.replace(gelu_backward="pallas")
+    jaxpr = str(jax.make_jaxpr(lambda p: _model_grads(cfg, p, batch))(params))
+    got = jax.tree_util.tree_leaves(_model_grads(cfg, params, batch))
+err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))
+                / max(1.0, float(np.max(np.abs(np.asarray(w)))))) for g, w in zip(got, want))
+print(json.dumps({"devices": jax.device_count(), "max_err": err,
+                  "shard_map": "shard_map" in jaxpr, "kernel": "gelu_backward" in jaxpr}))
+"""
+
+
+def test_kernel_on_a_mesh_equals_one_device_xla():
+    """float32, 2 x 2 mesh (data, tensor): the kernel runs per shard (rows over data, FFN
+    columns over tensor) and the bias gradient is summed over the data shards."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    out = subprocess.run([sys.executable, "-c", _MESH_WORKER, str(REPO)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["devices"] == 4 and result["shard_map"] and result["kernel"], result
+    assert result["max_err"] < 1e-5, result  # erf's float32 approximations only
