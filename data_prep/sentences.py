@@ -30,8 +30,6 @@ from __future__ import annotations
 import re
 from importlib import metadata
 
-import sentencex
-
 # Languages with their own rules in sentencex (abbreviations, sentence-final marks).
 LANGUAGES = ("am", "ar", "bg", "bn", "ca", "da", "de", "el", "en", "es", "fi", "fr", "gu",
              "hi", "hy", "it", "ja", "kk", "kn", "ml", "mr", "my", "nl", "pa", "pl", "pt",
@@ -82,7 +80,6 @@ class SentenceSplitter:
     """Splits text into sentences for one language."""
 
     name = "sentencex"
-    version = metadata.version("sentencex")
     languages = LANGUAGES
 
     def __init__(self, language: str = "en"):
@@ -90,10 +87,16 @@ class SentenceSplitter:
             raise ValueError(f"sentence splitting: language {language!r} is not supported "
                              f"by {self.name}; supported: {', '.join(LANGUAGES)}")
         self.language = language
+        # sentencex is imported where text is split, not with this module, which the
+        # pre-training task imports (through data_prep): a machine that only builds and
+        # times models (gpu_suite on a GPU image without sentencex) then needs none of it.
+        self.version = metadata.version("sentencex")
 
     def split(self, text: str) -> list[str]:
         out: list[str] = []
         paragraph: list[str] = []
+        import sentencex  # see __init__
+
         for piece in sentencex.segment(self.language, text):
             piece = " ".join(piece.split())
             if piece:

@@ -18,8 +18,22 @@ from __future__ import annotations
 import struct
 from typing import Iterator, Mapping
 
-import google_crc32c
 import numpy as np
+
+try:  # a declared dependency; optional at import only (below)
+    import google_crc32c
+except ImportError:  # pragma: no cover - exercised by tests/test_gpu_suite.py's blocker
+    class _NoCrc32c:
+        """Stands in for google_crc32c where it is not installed: the pre-training task
+        imports this module (through data_prep), and a machine that only builds and times
+        models (benchmarks/gpu_suite.py on a GPU image) never checksums a record."""
+
+        @staticmethod
+        def value(data):
+            raise ModuleNotFoundError("google_crc32c is not installed; reading or writing "
+                                      "TFRecords needs it: pip install google-crc32c")
+
+    google_crc32c = _NoCrc32c()
 
 from bert_jax.data.features import PRETRAIN_FEATURES
 

@@ -145,8 +145,8 @@ DESCRIPTIONS = {
     "model.pallas_num_warps": "Pallas GPU kernel: Triton warps per program, a power of two <= "
                               "32; 0: 4.",
     "model.pallas_num_stages": "Pallas GPU kernel: Triton pipelining stages, >= 1; 0: 2.",
-    "model.gelu_backward": "FFN bias + GELU backward: `auto` (a Pallas kernel on GPU, bf16/fp16, "
-                           "no remat; else XLA), `xla`, `pallas`. Speed only.",
+    "model.gelu_backward": "FFN bias + GELU backward: `auto` (a Pallas kernel on GPU in "
+                           "bf16/fp16, else XLA), `xla`, `pallas`. Speed only.",
     "model.position_embedding": "`learned` (a position table, BERT) or `rotary` (queries and "
                                 "keys rotated by position, no table).",
     "model.rope_theta": "Rotary base of the global layers.",

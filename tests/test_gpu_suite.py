@@ -374,8 +374,9 @@ def test_default_variants_cover_a_first_gpu_session():
     got = [(sorted(only), overrides) for _, overrides, only in
            suite.parse_variants(suite.DEFAULT_VARIANTS, cases)]
     base, large = ["base128"], ["large128"]
-    assert got[:7] == [
+    assert got[:8] == [
         (base, {"gelu_backward": "xla"}),  # XLA's GELU backward against the default kernel
+        (large, {"gelu_backward": "xla"}),  # ... and against its remat form
         (base, {"xla_flags": "--xla_gpu_enable_triton_gemm=false"}),
         (base, {"xla_flags": "--xla_gpu_enable_command_buffer="}),
         (base, {"attention": "cudnn", "attention_probs_dropout_prob": 0}),

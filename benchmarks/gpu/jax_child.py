@@ -21,7 +21,7 @@ def run(spec: dict, out: dict) -> dict:
     import jax
     import numpy as np
 
-    from bert_jax.models.attention_ops.backend import platform_name
+    from bert_jax.models.backend import platform_name
     from bert_jax.models.config import from_config_dict
     from pretrain_step import build, step_config
 

@@ -15,7 +15,7 @@ def run(spec: dict, out: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models.attention_ops import backend
+    from bert_jax.models import backend
 
     plat = backend.platform_name(jax.devices()[0].platform)
     b, n, h, d = (2, 32, 2, 16) if spec.get("smoke") else (4, 128, 16, 64)

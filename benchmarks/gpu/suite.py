@@ -16,8 +16,8 @@ a minute left is skipped (its cell says SKIP), so the table is always printed.
 of the config's `model` section (no case prefix = every case; '' for none). The key
 `xla_flags` sets that row's XLA_FLAGS instead, space-separated, e.g.
 'base128:xla_flags=--xla_gpu_enable_triton_gemm=false'. The default rows: XLA's backward
-pass of the FFN's bias + GELU against the Pallas kernel the default takes on GPU
-(base128 gelu_backward=xla), the XLA attention path and one fused Q/K/V product at base128, and BERT-Large keeping every activation
+pass of the FFN's bias + GELU against the Pallas kernels the default takes on GPU
+(base128 and large128 gelu_backward=xla), the XLA attention path and one fused Q/K/V product at base128, and BERT-Large keeping every activation
 (large128 remat=none, which fits one 80 GB GPU with the Pallas attention; see
 benchmarks/RESULTS.md); for a first session on a GPU also, at base128, cuBLAS instead of
 Triton GEMMs (--xla_gpu_enable_triton_gemm=false), no CUDA-graph command buffers
@@ -57,6 +57,7 @@ from .profile import profile_section
 # one Pallas tiling.
 DEFAULT_VARIANTS = ";".join([
     "base128:gelu_backward=xla",
+    "large128:gelu_backward=xla",
     "base128:xla_flags=--xla_gpu_enable_triton_gemm=false",
     "base128:xla_flags=--xla_gpu_enable_command_buffer=",  # the empty set: no command buffers
     "base128:attention=cudnn,attention_probs_dropout_prob=0",

@@ -83,8 +83,8 @@ class BertConfig:
         to 32) and software-pipelining stages (>= 1) for those kernels (0: 4 and 2).
         Run-time options: they change speed, never results (up to float summation order).
       gelu_backward: the backward pass of the FFN's bias + exact GELU (models/gelu_ops.py):
-        "auto" (one Pallas kernel on GPU under bfloat16 / float16 compute without remat,
-        else XLA's),
+        "auto" (one Pallas kernel on GPU under bfloat16 / float16 compute, with the FFN's
+        second product in its backward pass under remat; else XLA's),
         "xla", or "pallas" (also on CPU, interpret mode: tests). Speed only: the kernel
         computes what jax's backward pass of that expression defines (bias gradient: the
         float32 sum of the rounded GELU gradient).

@@ -101,13 +101,18 @@ class BertLayer(nn.Module):
         output_norm = layer_norm(c, "output_norm", "norm_stats")
         act = activation(c.hidden_act)
 
-        # The bias + exact GELU with its one-kernel backward pass (model.gelu_backward).
-        fused_gelu = (gate is None and c.use_bias
-                      and gelu_ops.applies(c.gelu_backward, platform(), c.compute_dtype,
-                                           c.hidden_act, c.remat))
+        # The bias + exact GELU with a one-kernel backward pass (model.gelu_backward):
+        # "gelu" without remat, "gelu_matmul" (the second product included, the GELU output
+        # recomputed in that kernel) under remat.
+        kernel = (gelu_ops.path(c.gelu_backward, platform(), c.compute_dtype, c.hidden_act,
+                                c.remat) if gate is None and c.use_bias else None)
 
         def ffn(h):
-            g = intermediate(h, fused_gelu=True) if fused_gelu else act(intermediate(h))
+            if kernel == "gelu_matmul":
+                p, bias = intermediate(h, product_only=True)
+                p = nn.with_logical_constraint(p, ("batch", "length", "mlp"))
+                return output(p, gelu_bias=bias)
+            g = intermediate(h, fused_gelu=True) if kernel == "gelu" else act(intermediate(h))
             if gate is not None:  # GLU: act(x W_in) * (x W_gate)
                 g = g * gate(h)
             g = nn.with_logical_constraint(g, ("batch", "length", "mlp"))

@@ -1,6 +1,7 @@
 """The FFN's bias + exact GELU with a one-kernel backward pass on GPU (Pallas).
 
-    y = bias_gelu(p, bias)     # == gelu_erf((p.astype(float32) + bias).astype(p.dtype))
+    y = bias_gelu(p, bias)          # == gelu_erf((p.astype(float32) + bias).astype(p.dtype))
+    o = gelu_matmul(p, bias, w_out)  # == bias_gelu(p, bias) @ w_out, for remat (below)
 
 p: the product x W_in in the compute dtype, [..., width]; bias: <float32>[width]. The forward
 pass is XLA's (one fused elementwise kernel, as before). The backward pass, for a cotangent
@@ -15,15 +16,22 @@ bandwidth) it writes GELU' g as a float32 [tokens, width] array and reads it bac
 reduction and the cast: 1,347 MiB a layer instead of 579, 4.3 ms of a 56 ms step measured on
 an H200 (benchmarks/RESULTS.md). The kernel moves the 579 MiB whatever the device.
 
+Under remat the backward pass also needs the GELU's output again, for the gradient of the
+FFN's second product. XLA recomputes it in the same kernel as GELU' g on the H100
+description (1.0 GiB a layer at BERT-Large) and in a separate one on the H200's (2.0 GiB);
+bias_gelu there would leave it a kernel of its own (1.25 GiB). gelu_matmul takes the second
+product into its custom backward pass: its kernel writes the GELU's output beside dh (1.0
+GiB on either description), and w_out's gradient is computed from it.
+
 Numerics are jax's for the expression above: h is rounded to the compute dtype before GELU
 (on GPU, XLA's excess-precision rewrite skips that rounding in its own fusions), the bias
 gradient is the float32 sum of dh as rounded (what PyTorch's autocast accumulates). erf is
 Eigen's rational approximation for float32 (Pallas has no erf on GPU), 5e-7 from the exact
 erf as lax.erf is (tests/models/test_gelu_ops.py).
 
-model.gelu_backward picks the path: "auto" (this kernel on GPU for a bfloat16 / float16
-exact-GELU FFN without remat, else XLA's; see applies), "xla", "pallas" (also on CPU, in
-Pallas' interpret mode: tests).
+model.gelu_backward picks the path (see path()): "auto" (on GPU for a bfloat16 / float16
+exact-GELU FFN, bias_gelu without remat and gelu_matmul under it; else XLA's), "xla",
+"pallas" (also on CPU, in Pallas' interpret mode: tests).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from bert_jax.models.backend import platform
+
 try:  # jax's Triton-specific Pallas options; optional
     from jax.experimental.pallas import triton as _triton
 except ImportError:  # pragma: no cover
@@ -43,6 +53,24 @@ except ImportError:  # pragma: no cover
 ROWS = 128   # rows (tokens) per program: the column sums are written once per ROWS rows
 CHUNK = 16   # rows per step inside a program
 COLS = 512   # columns per program (the largest power of two dividing the width, up to it)
+
+def gelu_erf(x):
+    """The exact GELU, x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))): the formula PyTorch's
+    `gelu` (so transformers' "gelu") and TF's `gelu(approximate=False)` evaluate.
+    jax.nn.gelu(approximate=False) computes the same function through erfc(-x / sqrt(2)),
+    whose XLA:CPU expansion (and its derivative) is slower than this form
+    (benchmarks/RESULTS.md). Both are within float32 rounding of the float64 GELU and of
+    its derivative (tests/models/test_layers.py).
+
+    A bfloat16 or float16 input is computed in float32 and rounded once, as PyTorch's GELU
+    kernels do for half-precision tensors (their float32 "opmath"); the formula in half
+    precision would round after the scaling, the erf, the sum and each product. Both
+    passes stay in one fused elementwise kernel: no more memory traffic."""
+    if x.dtype in (jnp.bfloat16, jnp.float16):
+        return gelu_erf(x.astype(jnp.float32)).astype(x.dtype)
+    half = jnp.asarray(0.5, x.dtype)
+    return x * half * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
+
 
 # erf(x) for float32: Eigen's rational approximation (XLA's float32 erf), clamped to
 # [-4, 4], beyond which erf is +-1 in float32. Odd numerator, even denominator, in x^2.
@@ -89,9 +117,11 @@ def blocks(rows: int, width: int):
     return br, bw
 
 
-def _bwd_kernel(p_ref, b_ref, g_ref, dh_ref, part_ref):
+def _bwd_kernel(p_ref, b_ref, g_ref, *out_refs, with_output: bool):
     """One [br, bw] block: dh = GELU'(h) g rounded to the dtype, h = (p + b) rounded, and
-    the float32 column sums of dh (part_ref: <f32>[bw])."""
+    the float32 column sums of dh (part_ref: <f32>[bw]); with_output: also y = GELU(h)
+    rounded (y_ref first), the forward's output again for a backward pass that needs it."""
+    y_ref, dh_ref, part_ref = out_refs if with_output else (None, *out_refs)
     bias = b_ref[...].astype(jnp.float32)
     br = p_ref.shape[0]
 
@@ -99,7 +129,11 @@ def _bwd_kernel(p_ref, b_ref, g_ref, dh_ref, part_ref):
         rows = pl.ds(i * CHUNK, CHUNK)
         p = p_ref[rows, :]
         h = (p.astype(jnp.float32) + bias[None, :]).astype(p.dtype).astype(jnp.float32)
-        dh = (gelu_grad_f32(h) * g_ref[rows, :].astype(jnp.float32)).astype(dh_ref.dtype)
+        erf = erf_f32(h * 0.7071067811865476)
+        if with_output:
+            y_ref[rows, :] = (h * 0.5 * (1.0 + erf)).astype(y_ref.dtype)
+        grad = 0.5 * (1.0 + erf) + h * (jnp.exp(-0.5 * h * h) * 0.3989422804014327)
+        dh = (grad * g_ref[rows, :].astype(jnp.float32)).astype(dh_ref.dtype)
         dh_ref[rows, :] = dh
         return acc + jnp.sum(dh.astype(jnp.float32), axis=0)
 
@@ -113,31 +147,29 @@ def _compiler_params():
     return None if params is None else params(num_warps=4, num_stages=1)
 
 
-def gelu_backward(p, bias, g, *, interpret: bool = False):
+def gelu_backward(p, bias, g, *, with_output: bool = False, interpret: bool = False):
     """(dh, db) of bias_gelu at p for the cotangent g: p, g <dtype>[rows, width], bias
-    <f32>[width]; dh <dtype>[rows, width], db <f32>[width]. Shapes must tile (blocks())."""
+    <f32>[width]; dh <dtype>[rows, width], db <f32>[width]. with_output: (y, dh, db), y the
+    forward's output recomputed in the same pass. Shapes must tile (blocks())."""
     rows, width = p.shape
     br, bw = blocks(rows, width)
-    dh, part = pl.pallas_call(
-        _bwd_kernel,
+    block = pl.BlockSpec((br, bw), lambda i, j: (i, j))
+    full = jax.ShapeDtypeStruct(p.shape, p.dtype)
+    *outs, part = pl.pallas_call(
+        functools.partial(_bwd_kernel, with_output=with_output),
         grid=(rows // br, width // bw),
-        in_specs=[pl.BlockSpec((br, bw), lambda i, j: (i, j)),
-                  pl.BlockSpec((bw,), lambda i, j: (j,)),
-                  pl.BlockSpec((br, bw), lambda i, j: (i, j))],
-        out_specs=[pl.BlockSpec((br, bw), lambda i, j: (i, j)),
-                   pl.BlockSpec((None, bw), lambda i, j: (i, j))],
-        out_shape=[jax.ShapeDtypeStruct(p.shape, p.dtype),
-                   jax.ShapeDtypeStruct((rows // br, width), jnp.float32)],
+        in_specs=[block, pl.BlockSpec((bw,), lambda i, j: (j,)), block],
+        out_specs=[block] * (1 + with_output) + [pl.BlockSpec((None, bw), lambda i, j: (i, j))],
+        out_shape=[full] * (1 + with_output) + [
+            jax.ShapeDtypeStruct((rows // br, width), jnp.float32)],
         compiler_params=None if interpret else _compiler_params(), interpret=interpret,
         name="gelu_backward",
     )(p, bias.astype(jnp.float32), g.astype(p.dtype))
-    return dh, jnp.sum(part, axis=0)
+    return (*outs, jnp.sum(part, axis=0))
 
 
 def reference(p, bias):
     """The expression bias_gelu computes, differentiated by jax (XLA's backward pass)."""
-    from bert_jax.models.layers import gelu_erf
-
     return gelu_erf((p.astype(jnp.float32) + bias.astype(jnp.float32)).astype(p.dtype))
 
 
@@ -164,7 +196,7 @@ def _bias_gelu_bwd(interpret, res, g):
 _bias_gelu.defvjp(_bias_gelu_fwd, _bias_gelu_bwd)
 
 
-def _sharded_backward(p, bias, g, interpret, lead):
+def _sharded_backward(p, bias, g, interpret, lead, with_output=False):
     """gelu_backward on [rows, width] operands; under a mesh, per shard (jax.shard_map):
     rows over the mesh axes of the "batch" rule, columns over those of "mlp" (a custom kernel
     is opaque to XLA's sharding propagation, which would gather the whole array). None when
@@ -174,7 +206,7 @@ def _sharded_backward(p, bias, g, interpret, lead):
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
-        return gelu_backward(p, bias, g, interpret=interpret)
+        return gelu_backward(p, bias, g, with_output=with_output, interpret=interpret)
     spec = nn.logical_to_mesh_axes(("batch", "mlp"))
     axes = lambda a: () if a is None else (a,) if isinstance(a, str) else tuple(a)  # noqa: E731
     row_axes = tuple(n for n in axes(spec[0]) if mesh.shape[n] > 1)
@@ -190,28 +222,30 @@ def _sharded_backward(p, bias, g, interpret, lead):
     b_spec = P(col_axes or None)
 
     def local(p, bias, g):
-        dh, db = gelu_backward(p, bias, g, interpret=interpret)
+        *outs, db = gelu_backward(p, bias, g, with_output=with_output, interpret=interpret)
         if row_axes:
             db = jax.lax.psum(db, row_axes)
-        return dh, db
+        return (*outs, db)
 
     return jax.shard_map(local, mesh=mesh, in_specs=(x_spec, b_spec, x_spec),
-                         out_specs=(x_spec, b_spec), check_vma=False)(p, bias, g)
+                         out_specs=(x_spec,) * (1 + with_output) + (b_spec,),
+                         check_vma=False)(p, bias, g)
 
 
-def applies(impl: str, platform: str, dtype, hidden_act: str, remat: str = "none") -> bool:
-    """Whether model.gelu_backward=impl takes this kernel for an FFN of `hidden_act` in
-    compute `dtype` on `platform` under model.remat=`remat`. "auto": GPU, bfloat16 /
-    float16, exact GELU, no remat. Under a remat policy the backward pass recomputes the
-    GELU's output too (the FFN's second product needs it), and XLA computes it and GELU' g
-    in one kernel that reads the product once: BERT-Large's step (minimal_ffn) moved 6 GiB
-    more with this kernel (the recomputation then a kernel of its own)."""
+def path(impl: str, plat: str, dtype, hidden_act: str, remat: str = "none"):
+    """Which kernel model.gelu_backward=impl takes for an FFN of `hidden_act` in compute
+    `dtype` on platform `plat` under model.remat=`remat`: None (XLA's backward pass), "gelu"
+    (bias_gelu) or "gelu_matmul" (gelu_matmul, under remat). "auto": a kernel on GPU for an
+    exact-GELU FFN in bfloat16 / float16. Under remat the backward pass needs the GELU's
+    output again (the FFN's second product): gelu_matmul's kernel recomputes it beside
+    GELU' g, reading the product once, where bias_gelu would leave XLA a second pass for
+    it (BERT-Large's step: 6 GiB more than XLA's own fusion on the H100 description)."""
     if impl == "xla" or hidden_act != "gelu":
-        return False
-    if impl == "pallas":
-        return True
-    return (platform == "gpu" and remat == "none"
-            and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16))
+        return None
+    if impl == "auto" and not (plat == "gpu"
+                               and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)):
+        return None
+    return "gelu" if remat == "none" else "gelu_matmul"
 
 
 def bias_gelu(p, bias, *, interpret: bool | None = None):
@@ -225,7 +259,58 @@ def bias_gelu(p, bias, *, interpret: bool | None = None):
     if blocks(rows, width) is None:
         return reference(p, bias)
     if interpret is None:
-        from bert_jax.models.attention_ops.backend import platform
-
         interpret = platform() == "cpu"
     return _bias_gelu(p, bias, bool(interpret))
+
+
+def _matmul(y, w, precision=None):
+    """y @ w over y's last axis, as Dense computes its product."""
+    return jax.lax.dot_general(y, w, (((y.ndim - 1,), (0,)), ((), ())), precision=precision)
+
+
+def matmul_reference(p, bias, w, precision=None):
+    """The expression gelu_matmul computes, differentiated by jax."""
+    return _matmul(reference(p, bias), w, precision)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _gelu_matmul(p, bias, w, precision, interpret):
+    return matmul_reference(p, bias, w, precision)
+
+
+def _gelu_matmul_fwd(p, bias, w, precision, interpret):
+    # The GELU's output is not kept: the backward kernel writes it again beside GELU' g.
+    return matmul_reference(p, bias, w, precision), (p, bias, w)
+
+
+def _gelu_matmul_bwd(precision, interpret, res, g):
+    p, bias, w = res
+    lead, width = p.shape[:-1], p.shape[-1]
+    dy = jax.lax.dot_general(g, w, (((g.ndim - 1,), (1,)), ((), ())), precision=precision)
+    out = _sharded_backward(p.reshape(-1, width), bias, dy.reshape(-1, width).astype(p.dtype),
+                            interpret, lead, with_output=True)
+    if out is None:  # the shards do not tile the kernel's blocks: jax's backward pass
+        return jax.vjp(lambda p, b, w: matmul_reference(p, b, w, precision), p, bias, w)[1](g)
+    y, dh, db = out
+    g2 = g.reshape(-1, g.shape[-1])
+    dw = jax.lax.dot_general(y, g2, (((0,), (0,)), ((), ())), precision=precision)
+    return dh.reshape(p.shape), db.astype(bias.dtype), dw.astype(w.dtype)
+
+
+_gelu_matmul.defvjp(_gelu_matmul_fwd, _gelu_matmul_bwd)
+
+
+def gelu_matmul(p, bias, w, *, precision=None, interpret: bool | None = None):
+    """bias_gelu(p, bias) @ w (the FFN's second product, before its bias) whose backward
+    pass recomputes the GELU's output in the kernel that computes GELU' g: for a backward
+    pass under remat, which needs that output for w's gradient. p: <dtype>[..., width];
+    bias <f32>[width]; w <dtype>[width, out]. Falls back to the plain expression when the
+    rows and width do not tile the kernel's blocks."""
+    rows = 1
+    for n in p.shape[:-1]:
+        rows *= n
+    if blocks(rows, p.shape[-1]) is None:
+        return matmul_reference(p, bias, w, precision)
+    if interpret is None:
+        interpret = platform() == "cpu"
+    return _gelu_matmul(p, bias, w, precision, bool(interpret))

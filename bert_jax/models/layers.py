@@ -12,6 +12,8 @@ from flax.linen import normalization as _flax_norm
 from flax.linen.dtypes import canonicalize_dtype, promote_dtype
 from jax.ad_checkpoint import checkpoint_name
 
+from bert_jax.models import gelu_ops
+from bert_jax.models.gelu_ops import gelu_erf  # the FFN's GELU lives beside its kernels
 from bert_jax.models.config import BertConfig
 
 
@@ -89,9 +91,14 @@ class Dense(nn.Dense):
     product_name: str | None = None
 
     @nn.compact
-    def __call__(self, inputs, fused_gelu: bool = False):
-        """fused_gelu: return gelu_erf of the output through gelu_ops.bias_gelu (the same
-        expression, with its one-kernel backward pass); needs a bias and a compute dtype."""
+    def __call__(self, inputs, fused_gelu: bool = False, product_only: bool = False,
+                 gelu_bias=None):
+        """The FFN's kernels (models/gelu_ops.py), each the same expression as the plain
+        call with a one-kernel backward pass; they need a bias and a compute dtype.
+        fused_gelu: gelu_erf of the output, through gelu_ops.bias_gelu. product_only:
+        (the named product x W, the float32 bias) instead of the output. gelu_bias: the
+        inputs are another Dense's product and this product is GELU(inputs + gelu_bias) W,
+        through gelu_ops.gelu_matmul."""
         # nn.Dense.__call__ (flax 0.12), op for op (a test holds it to nn.Dense bit for
         # bit), with the product named.
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features),
@@ -103,15 +110,18 @@ class Dense(nn.Dense):
             dot_general = self.dot_general_cls()
         else:
             dot_general = self.dot_general or jax.lax.dot_general
-        y = dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
-                        precision=self.precision)
+        if gelu_bias is not None:
+            y = gelu_ops.gelu_matmul(inputs, gelu_bias, kernel, precision=self.precision)
+        else:
+            y = dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
+                            precision=self.precision)
         if self.product_name is not None:
             y = checkpoint_name(y, self.product_name)
-        if fused_gelu:
+        if product_only or fused_gelu:
             if bias is None or self.dtype is None:
-                raise ValueError("Dense(fused_gelu=True) needs use_bias and a dtype")
-            from bert_jax.models import gelu_ops
-
+                raise ValueError("Dense's FFN kernels need use_bias and a dtype")
+            if product_only:
+                return y, bias
             return gelu_ops.bias_gelu(y.astype(self.dtype), bias)
         if bias is not None:
             y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
@@ -212,24 +222,6 @@ def layer_norm(config: BertConfig, name: str, stats_name: str | None = None) -> 
         stats_name=stats_name,
         name=name,
     )
-
-
-def gelu_erf(x):
-    """The exact GELU, x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))): the formula PyTorch's
-    `gelu` (so transformers' "gelu") and TF's `gelu(approximate=False)` evaluate.
-    jax.nn.gelu(approximate=False) computes the same function through erfc(-x / sqrt(2)),
-    whose XLA:CPU expansion (and its derivative) is slower than this form
-    (benchmarks/RESULTS.md). Both are within float32 rounding of the float64 GELU and of
-    its derivative (tests/models/test_layers.py).
-
-    A bfloat16 or float16 input is computed in float32 and rounded once, as PyTorch's GELU
-    kernels do for half-precision tensors (their float32 "opmath"); the formula in half
-    precision would round after the scaling, the erf, the sum and each product. Both
-    passes stay in one fused elementwise kernel: no more memory traffic."""
-    if x.dtype in (jnp.bfloat16, jnp.float16):
-        return gelu_erf(x.astype(jnp.float32)).astype(x.dtype)
-    half = jnp.asarray(0.5, x.dtype)
-    return x * half * (1 + jax.lax.erf(x * jnp.asarray(0.7071067811865476, x.dtype)))
 
 
 def activation(name: str):

@@ -90,6 +90,30 @@ def test_bias_gelu_forward_is_the_expression_and_grads_go_through_the_kernel():
     np.testing.assert_allclose(np.asarray(got[1]), np.asarray(want[1]), rtol=2e-5, atol=1e-4)
 
 
+def test_gelu_matmul_recomputes_the_output_and_equals_jaxs_backward_pass():
+    """gelu_matmul = bias_gelu(p, b) @ w, for a backward pass under remat: its kernel also
+    writes the GELU's output again, for w's gradient."""
+    p, bias, _ = _inputs(jnp.bfloat16, rows=128, width=48)
+    p3 = p.reshape(8, 16, 48)
+    w = (0.2 * jax.random.normal(jax.random.PRNGKey(7), (48, 24))).astype(jnp.bfloat16)
+    g = jax.random.normal(jax.random.PRNGKey(8), (8, 16, 24)).astype(jnp.bfloat16)
+    y, dh, db = gelu_ops.gelu_backward(p, bias, g.reshape(128, 24) @ w.T, with_output=True,
+                                       interpret=True)
+    want_y = np.asarray(gelu_ops.reference(p, bias), np.float32)
+    ulp = np.spacing(np.abs(want_y)) * 2 ** 16
+    assert np.all(np.abs(np.asarray(y, np.float32) - want_y) <= ulp + 1e-6)
+    out = gelu_ops.gelu_matmul(p3, bias, w, interpret=True)
+    np.testing.assert_array_equal(np.asarray(out),
+                                  np.asarray(gelu_ops.matmul_reference(p3, bias, w)))
+    got = jax.vjp(lambda *a: gelu_ops.gelu_matmul(*a, interpret=True), p3, bias, w)[1](g)
+    want = jax.vjp(gelu_ops.matmul_reference, p3, bias, w)[1](g)
+    assert [x.dtype for x in got] == [jnp.bfloat16, jnp.float32, jnp.bfloat16]
+    for a, b, tol in zip(got, want, (2e-2, 1e-2, 1e-2)):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        assert a.shape == b.shape
+        assert np.max(np.abs(a - b)) <= tol * np.max(np.abs(b)), (np.max(np.abs(a - b)),)
+
+
 def test_shapes_that_do_not_tile_keep_the_plain_expression():
     assert gelu_ops.blocks(10, 64) is None and gelu_ops.blocks(64, 37) is None
     p, bias, _ = _inputs(jnp.bfloat16, rows=10, width=37)
@@ -98,18 +122,19 @@ def test_shapes_that_do_not_tile_keep_the_plain_expression():
     assert "pallas" not in jaxpr
 
 
-def test_auto_takes_the_kernel_only_on_gpu_in_half_precision():
-    assert gelu_ops.applies("auto", "gpu", jnp.bfloat16, "gelu")
-    assert gelu_ops.applies("auto", "gpu", jnp.float16, "gelu")
-    assert not gelu_ops.applies("auto", "gpu", jnp.float32, "gelu")
-    assert not gelu_ops.applies("auto", "cpu", jnp.bfloat16, "gelu")
-    assert not gelu_ops.applies("auto", "tpu", jnp.bfloat16, "gelu")
-    assert not gelu_ops.applies("auto", "gpu", jnp.bfloat16, "gelu_new")  # tanh form: XLA
-    assert not gelu_ops.applies("xla", "gpu", jnp.bfloat16, "gelu")
-    # Under remat XLA fuses the GELU's recomputation with its backward pass: XLA there.
-    assert not gelu_ops.applies("auto", "gpu", jnp.bfloat16, "gelu", "minimal_ffn")
-    assert gelu_ops.applies("pallas", "gpu", jnp.bfloat16, "gelu", "minimal_ffn")
-    assert gelu_ops.applies("pallas", "cpu", jnp.float32, "gelu")
+def test_auto_takes_a_kernel_only_on_gpu_in_half_precision():
+    assert gelu_ops.path("auto", "gpu", jnp.bfloat16, "gelu") == "gelu"
+    assert gelu_ops.path("auto", "gpu", jnp.float16, "gelu") == "gelu"
+    assert gelu_ops.path("auto", "gpu", jnp.float32, "gelu") is None
+    assert gelu_ops.path("auto", "cpu", jnp.bfloat16, "gelu") is None
+    assert gelu_ops.path("auto", "tpu", jnp.bfloat16, "gelu") is None
+    assert gelu_ops.path("auto", "gpu", jnp.bfloat16, "gelu_new") is None  # tanh form: XLA
+    assert gelu_ops.path("xla", "gpu", jnp.bfloat16, "gelu") is None
+    # Under remat the backward pass needs the GELU's output again: the kernel with the
+    # second product, which recomputes it.
+    assert gelu_ops.path("auto", "gpu", jnp.bfloat16, "gelu", "minimal_ffn") == "gelu_matmul"
+    assert gelu_ops.path("pallas", "cpu", jnp.float32, "gelu") == "gelu"
+    assert gelu_ops.path("pallas", "cpu", jnp.float32, "gelu", "full") == "gelu_matmul"
     with pytest.raises(ConfigError, match="gelu_backward='fast'.*'auto', 'xla', 'pallas'"):
         BertConfig(gelu_backward="fast")
 
@@ -140,18 +165,23 @@ def test_model_gradients_with_the_kernel_equal_xlas():
     jaxpr = str(jax.make_jaxpr(lambda p: _model_grads(tiny_config(intermediate_size=64),
                                                       p, batch))(params))
     assert "gelu_backward" not in jaxpr
-    want = _model_grads(config.replace(gelu_backward="xla"), params, batch)
-    got = _model_grads(config.replace(gelu_backward="pallas"), params, batch)
-    flat_w = jax.tree_util.tree_leaves_with_path(want)
-    flat_g = jax.tree_util.tree_leaves(got)
-    for (path, w), g in zip(flat_w, flat_g):
-        w, g = np.asarray(w, np.float32), np.asarray(g, np.float32)
-        scale = max(float(np.max(np.abs(w))), 1e-6)
-        assert float(np.max(np.abs(g - w))) / scale < 2e-2, jax.tree_util.keystr(path)
-    bias_w = want["bert"]["encoder"]["layer_0"]["intermediate"]["bias"]
-    bias_g = got["bert"]["encoder"]["layer_0"]["intermediate"]["bias"]
-    np.testing.assert_allclose(np.asarray(bias_g), np.asarray(bias_w), rtol=0.05,
-                               atol=0.02 * float(np.max(np.abs(bias_w))))
+    for remat in ("none", "minimal_ffn"):  # bias_gelu; gelu_matmul (the remat path)
+        cfg = config.replace(remat=remat)
+        want = _model_grads(cfg.replace(gelu_backward="xla"), params, batch)
+        kernel = str(jax.make_jaxpr(lambda p: _model_grads(
+            cfg.replace(gelu_backward="pallas"), p, batch))(params))
+        assert kernel.count("gelu_backward") >= 2, remat  # one per layer
+        got = _model_grads(cfg.replace(gelu_backward="pallas"), params, batch)
+        flat_w = jax.tree_util.tree_leaves_with_path(want)
+        flat_g = jax.tree_util.tree_leaves(got)
+        for (path, w), g in zip(flat_w, flat_g):
+            w, g = np.asarray(w, np.float32), np.asarray(g, np.float32)
+            scale = max(float(np.max(np.abs(w))), 1e-6)
+            assert float(np.max(np.abs(g - w))) / scale < 2e-2, (remat, jax.tree_util.keystr(path))
+        bias_w = want["bert"]["encoder"]["layer_0"]["intermediate"]["bias"]
+        bias_g = got["bert"]["encoder"]["layer_0"]["intermediate"]["bias"]
+        np.testing.assert_allclose(np.asarray(bias_g), np.asarray(bias_w), rtol=0.05,
+                                   atol=0.02 * float(np.max(np.abs(bias_w))))
 
 
 _MESH_WORKER = r"""
@@ -173,25 +203,32 @@ params = flax.linen.meta.unbox(BertForPreTraining(config).init(
 want = jax.tree_util.tree_leaves(_model_grads(config.replace(gelu_backward="xla"), params,
                                               batch))
 mesh = sharding_lib.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=1, tensor=2)))
-with mesh_context(mesh, sharding_lib.DEFAULT_RULES):
-    cfg = config.replace(gelu_backward="pallas")
-    jaxpr = str(jax.make_jaxpr(lambda p: _model_grads(cfg, p, batch))(params))
-    got = jax.tree_util.tree_leaves(_model_grads(cfg, params, batch))
-err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))
-                / max(1.0, float(np.max(np.abs(np.asarray(w)))))) for g, w in zip(got, want))
-print(json.dumps({"devices": jax.device_count(), "max_err": err,
-                  "shard_map": "shard_map" in jaxpr, "kernel": "gelu_backward" in jaxpr}))
+result = {"devices": jax.device_count()}
+for remat in ("none", "minimal_ffn"):  # bias_gelu, gelu_matmul
+    with mesh_context(mesh, sharding_lib.DEFAULT_RULES):
+        cfg = config.replace(gelu_backward="pallas", remat=remat)
+        jaxpr = str(jax.make_jaxpr(lambda p: _model_grads(cfg, p, batch))(params))
+        got = jax.tree_util.tree_leaves(_model_grads(cfg, params, batch))
+    err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))
+                    / max(1.0, float(np.max(np.abs(np.asarray(w)))))) for g, w in zip(got, want))
+    result[remat] = {"max_err": err, "shard_map": "shard_map" in jaxpr,
+                     "kernel": "gelu_backward" in jaxpr}
+print(json.dumps(result))
 """
 
 
 def test_kernel_on_a_mesh_equals_one_device_xla():
-    """float32, 2 x 2 mesh (data, tensor): the kernel runs per shard (rows over data, FFN
-    columns over tensor) and the bias gradient is summed over the data shards."""
+    """float32, 2 x 2 mesh (data, tensor), with and without remat: the kernel runs per
+    shard (rows over data, FFN columns over tensor) and the bias gradient is summed over the
+    data shards."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     out = subprocess.run([sys.executable, "-c", _MESH_WORKER, str(REPO)], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-4000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["devices"] == 4 and result["shard_map"] and result["kernel"], result
-    assert result["max_err"] < 1e-5, result  # erf's float32 approximations only
+    assert result["devices"] == 4, result
+    for remat in ("none", "minimal_ffn"):
+        r = result[remat]
+        assert r["shard_map"] and r["kernel"], result
+        assert r["max_err"] < 1e-5, result  # erf's float32 approximations only

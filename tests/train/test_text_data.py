@@ -13,7 +13,6 @@ import pytest
 from bert_jax.data.checks import DataCheckError
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.tasks.pretraining import data as data_lib
-from data_prep import create_pretraining_data
 from tests.conftest import REPO
 from tests.train.common import text_config
 
@@ -189,7 +188,7 @@ def test_text_files_and_workdir_in_a_bucket(tmp_path, monkeypatch, own_tempdir):
                 assert (built / name).read_bytes() == open(os.path.join(local, name),
                                                            "rb").read(), name
         before = _files(built)
-        monkeypatch.setattr(create_pretraining_data, "create", lambda *a, **k: 1 / 0)  # no rebuild
+        monkeypatch.setattr(data_lib.cpd, "create", lambda *a, **k: 1 / 0)  # no rebuild
         assert data_lib.build_text_data(config("gs://b/corpus/*.txt"), "gs://b/run") == (
             train, eval_file)
         assert _files(built) == before

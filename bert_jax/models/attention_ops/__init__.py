@@ -46,7 +46,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.errors import UserError
 from bert_jax.models.attention_ops import cudnn, pallas_flash, splash_tpu
-from bert_jax.models.attention_ops.backend import platform
+from bert_jax.models.backend import platform
 from bert_jax.models.dropout import draw_seeds
 from bert_jax.models.layers import add_bias
 

@@ -54,7 +54,7 @@ try:  # jax's Triton-specific Pallas options (num_warps, num_stages); optional
 except ImportError:  # pragma: no cover - a jax without it compiles with Triton's defaults
     _triton = None
 
-from bert_jax.models.attention_ops.backend import platform
+from bert_jax.models.backend import platform
 from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
 
 # A disallowed score is the lowest float32, exactly as in xla.py: exp underflows to 0 next to

@@ -33,10 +33,9 @@ from bert_jax.data.tokenization import vocab_info
 from bert_jax.errors import UserError
 from bert_jax.train.runtime import agree
 from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB  # package data of the installed data_prep
+from data_prep import create_pretraining_data as cpd
 from data_prep.paths import TEXT_FORMAT
-# data_prep's tools (create_pretraining_data, prepare_corpus) are imported where a run builds
-# or checks text data: a job on TFRecords, synthetic data or a benchmark then needs none of
-# their libraries (sentence splitter, checksums), e.g. benchmarks/gpu_suite.py on a GPU image.
+from data_prep.prepare_corpus import needs_conversion
 
 HELD_OUT_EVERY = 20   # documents; the eval split of the sample corpus
 SAMPLE_DUPE_FACTOR = 5
@@ -129,8 +128,6 @@ def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int, li
 
 
 def _text_corpus(spec: str) -> list[str]:
-    from data_prep.prepare_corpus import needs_conversion
-
     files: list[str] = []
     for pattern in (p.strip() for p in spec.split(",") if p.strip()):
         found = paths.glob(pattern)
@@ -225,8 +222,6 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
         # are spawned, never forked: pipeline.run forks only while none of JAX, TensorFlow
         # or torch is loaded (their threads do not survive a fork), and this module has
         # imported jax.
-        from data_prep import create_pretraining_data as cpd
-
         for name, text, output, shards in outputs:
             options = cpd.Options(
                 input_file=text, output_file=output, num_output_shards=shards,

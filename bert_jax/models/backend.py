@@ -1,4 +1,4 @@
-"""Which platform a trace compiles for, as the attention dispatch names it."""
+"""Which platform a trace compiles for, as the kernel dispatch (attention, FFN) names it."""
 
 from __future__ import annotations
 
