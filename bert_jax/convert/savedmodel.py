@@ -29,6 +29,7 @@ from bert_jax.convert import sources
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import ReportedError
 from bert_jax.models import bert as models
+from bert_jax.models import gelu_ops
 from bert_jax.models import layers
 from bert_jax.models.config import BertConfig
 
@@ -163,27 +164,10 @@ def head_function(head: str, config: BertConfig, params: Mapping
 
 # --- jax -> TF --------------------------------------------------------------------------
 
-# Coefficients of the rational erf approximation of Eigen and XLA's CPU/GPU expansion for
-# float32 (x clamped to [-4, 4]; within a few float32 ulps of erf).
-_ERF_P = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
-          -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
-          -1.60960333262415e-02)
-_ERF_Q = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
-          -7.37332916720468e-03, -1.42647390514189e-02)
-
-
 def erf_rational(x):
-    """erf from multiplies and one divide: no chlo.erf in the exported program."""
-    dtype = x.dtype
-    x = jnp.clip(x.astype(jnp.float32), -4.0, 4.0)
-    x2 = x * x
-    p = jnp.float32(_ERF_P[0])
-    for c in _ERF_P[1:]:
-        p = p * x2 + jnp.float32(c)
-    q = jnp.float32(_ERF_Q[0])
-    for c in _ERF_Q[1:]:
-        q = q * x2 + jnp.float32(c)
-    return (x * p / q).astype(dtype)
+    """erf from multiplies and one divide (Eigen's and XLA's float32 rational form, the one
+    the GELU backward kernel uses): no chlo.erf in the exported program."""
+    return gelu_ops.erf_f32(x.astype(jnp.float32)).astype(x.dtype)
 
 
 def _gelu_rational(x):

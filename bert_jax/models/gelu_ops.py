@@ -74,6 +74,7 @@ def gelu_erf(x):
 
 # erf(x) for float32: Eigen's rational approximation (XLA's float32 erf), clamped to
 # [-4, 4], beyond which erf is +-1 in float32. Odd numerator, even denominator, in x^2.
+# Also the exported SavedModel's erf (convert/savedmodel.py: TensorFlow has no chlo.erf).
 _ERF_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
               -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
               -1.60960333262415e-02)
