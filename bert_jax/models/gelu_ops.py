@@ -51,8 +51,10 @@ except ImportError:  # pragma: no cover
     _triton = None
 
 ROWS = 128   # rows (tokens) per program: the column sums are written once per ROWS rows
-CHUNK = 16   # rows per step inside a program
+CHUNK = 8    # rows per step inside a program: [8, 512] float32 tiles are 32 values a thread
 COLS = 512   # columns per program (the largest power of two dividing the width, up to it)
+# Not yet tuned on a GPU (benchmarks/RESULTS.md): 4 warps, so that each step's few float32
+# tiles and the [CHUNK, COLS] accumulator stay in registers.
 
 def gelu_erf(x):
     """The exact GELU, x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))): the formula PyTorch's
@@ -126,7 +128,7 @@ def _bwd_kernel(p_ref, b_ref, g_ref, *out_refs, with_output: bool):
     bias = b_ref[...].astype(jnp.float32)
     br = p_ref.shape[0]
 
-    def body(i, acc):
+    def body(i, acc):  # acc: <f32>[CHUNK, bw], summed over its rows once, at the end
         rows = pl.ds(i * CHUNK, CHUNK)
         p = p_ref[rows, :]
         h = (p.astype(jnp.float32) + bias[None, :]).astype(p.dtype).astype(jnp.float32)
@@ -136,10 +138,11 @@ def _bwd_kernel(p_ref, b_ref, g_ref, *out_refs, with_output: bool):
         grad = 0.5 * (1.0 + erf) + h * (jnp.exp(-0.5 * h * h) * 0.3989422804014327)
         dh = (grad * g_ref[rows, :].astype(jnp.float32)).astype(dh_ref.dtype)
         dh_ref[rows, :] = dh
-        return acc + jnp.sum(dh.astype(jnp.float32), axis=0)
+        return acc + dh.astype(jnp.float32)
 
-    part_ref[...] = jax.lax.fori_loop(0, br // CHUNK, body,
-                                      jnp.zeros((p_ref.shape[1],), jnp.float32))
+    acc = jax.lax.fori_loop(0, br // CHUNK, body,
+                            jnp.zeros((CHUNK, p_ref.shape[1]), jnp.float32))
+    part_ref[...] = jnp.sum(acc, axis=0)
 
 
 def _compiler_params():
