@@ -277,7 +277,6 @@ def sweep_shape(name: str, shape, args, emit, left) -> list:
 
 
 def fmt_row(row: dict) -> str:
-    b, n, h, d = row["shape"]
     f_fwd, f_bwd = flops(row["shape"])
     opts = ",".join(f"{k.replace('pallas_', '')}={v}" for k, v in row["options"].items())
     label = f"{row['path']}{'(' + opts + ')' if opts else ''}"

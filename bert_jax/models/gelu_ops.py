@@ -39,9 +39,11 @@ from __future__ import annotations
 import functools
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
+from jax.sharding import PartitionSpec as P
 
 from bert_jax.models.backend import platform
 
@@ -55,6 +57,7 @@ CHUNK = 8    # rows per step inside a program: [8, 512] float32 tiles are 32 val
 COLS = 512   # columns per program (the largest power of two dividing the width, up to it)
 # Not yet tuned on a GPU (benchmarks/RESULTS.md): 4 warps, so that each step's few float32
 # tiles and the [CHUNK, COLS] accumulator stay in registers.
+
 
 def gelu_erf(x):
     """The exact GELU, x * Phi(x) = x / 2 * (1 + erf(x / sqrt(2))): the formula PyTorch's
@@ -205,9 +208,6 @@ def _sharded_backward(p, bias, g, interpret, lead, with_output=False):
     rows over the mesh axes of the "batch" rule, columns over those of "mlp" (a custom kernel
     is opaque to XLA's sharding propagation, which would gather the whole array). None when
     the shards do not tile the kernel's blocks."""
-    import flax.linen as nn
-    from jax.sharding import PartitionSpec as P
-
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:
         return gelu_backward(p, bias, g, with_output=with_output, interpret=interpret)
@@ -256,11 +256,7 @@ def bias_gelu(p, bias, *, interpret: bool | None = None):
     """gelu_erf((p.astype(float32) + bias).astype(p.dtype)) whose backward pass is the Pallas
     kernel (interpret=None: interpret mode iff the trace compiles for CPU). Falls back to
     the plain expression when the rows and width do not tile the kernel's blocks."""
-    width = p.shape[-1]
-    rows = 1
-    for n in p.shape[:-1]:
-        rows *= n
-    if blocks(rows, width) is None:
+    if blocks(math.prod(p.shape[:-1]), p.shape[-1]) is None:
         return reference(p, bias)
     if interpret is None:
         interpret = platform() == "cpu"
@@ -310,10 +306,7 @@ def gelu_matmul(p, bias, w, *, precision=None, interpret: bool | None = None):
     pass under remat, which needs that output for w's gradient. p: <dtype>[..., width];
     bias <f32>[width]; w <dtype>[width, out]. Falls back to the plain expression when the
     rows and width do not tile the kernel's blocks."""
-    rows = 1
-    for n in p.shape[:-1]:
-        rows *= n
-    if blocks(rows, p.shape[-1]) is None:
+    if blocks(math.prod(p.shape[:-1]), p.shape[-1]) is None:
         return matmul_reference(p, bias, w, precision)
     if interpret is None:
         interpret = platform() == "cpu"
