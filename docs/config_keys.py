@@ -147,6 +147,8 @@ DESCRIPTIONS = {
     "model.pallas_num_stages": "Pallas GPU kernel: Triton pipelining stages, >= 1; 0: 2.",
     "model.gelu_backward": "FFN bias + GELU backward: `auto` (a Pallas kernel on GPU in "
                            "bf16/fp16, else XLA), `xla`, `pallas`. Speed only.",
+    "model.residual_norm": "Post-LN bias + dropout + residual + LayerNorm: `auto` (Pallas "
+                           "kernels on GPU in bf16/fp16, remat none), `xla`, `pallas`.",
     "model.position_embedding": "`learned` (a position table, BERT) or `rotary` (queries and "
                                 "keys rotated by position, no table).",
     "model.rope_theta": "Rotary base of the global layers.",
@@ -268,4 +270,5 @@ DESCRIPTIONS = {
     "model_overrides.pallas_num_warps": "As `model.pallas_num_warps`.",
     "model_overrides.pallas_num_stages": "As `model.pallas_num_stages`.",
     "model_overrides.gelu_backward": "As `model.gelu_backward`.",
+    "model_overrides.residual_norm": "As `model.residual_norm`.",
 }

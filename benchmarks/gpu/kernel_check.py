@@ -2,7 +2,9 @@
 reference on this device. The Pallas kernel with dropout (its hash masks must be the
 reference's) and without; on a GPU, cuDNN without dropout. Outputs and q / k / v gradients,
 with padding, float32 and bfloat16; each as max |diff| / max |reference| over the real
-query rows."""
+query rows. Then the other Pallas kernels against the expressions they replace: the
+residual + LayerNorm (models/norm_ops.py, with and without dropout) and the FFN's bias +
+GELU backward pass (models/gelu_ops.py), outputs and every input's gradient."""
 
 from __future__ import annotations
 
@@ -33,6 +35,13 @@ def run(spec: dict, out: dict) -> dict:
             row = dict(path=path, dtype=dtype, dropout=rate)
             try:
                 row.update(compare(path, rate, (q, k, v), cot, mask, lengths))
+            except Exception as e:  # noqa: BLE001 - reported, the suite goes on
+                row["error"] = exc_line(e)
+            checks.append(row)
+        for path, rate in (("residual_norm", 0.1), ("residual_norm", 0.0), ("gelu", 0.0)):
+            row = dict(path=path, dtype=dtype, dropout=rate)
+            try:
+                row.update(compare_layer_kernel(path, rate, dtype, small=spec.get("smoke")))
             except Exception as e:  # noqa: BLE001 - reported, the suite goes on
                 row["error"] = exc_line(e)
             checks.append(row)
@@ -102,3 +111,50 @@ def fused_attention(path: str, rate: float, mask, drop_key):
         return pallas_flash.flash_attention(q, k, v, jnp.ones_like(kv_seg), kv_seg,
                                             dropout_rate=rate, seeds=seeds)
     return fused
+
+
+def compare_layer_kernel(path: str, rate: float, dtype: str, small: bool = False) -> dict:
+    """{out_err, grad_err} of norm_ops.residual_norm ("residual_norm") or gelu_ops.bias_gelu
+    ("gelu") against the XLA expression each replaces, on BERT-Base-like rows (or a few
+    small ones), as max |diff| / max |reference| over the output and over each gradient."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.models import gelu_ops, norm_ops
+    from bert_jax.models.dropout import draw_seeds, hash_dropout
+    from bert_jax.models.layers import LayerNorm
+
+    rows, width = (64, 96) if small else (4096, 768 if path == "residual_norm" else 3072)
+    r = jax.random.split(jax.random.PRNGKey(5), 7)
+    p = jax.random.normal(r[0], (rows, width)).astype(dtype)
+    residual = (2 * jax.random.normal(r[1], (rows, width))).astype(dtype)
+    bias, scale, shift = (s * jax.random.normal(k, (width,)) + o
+                          for k, s, o in zip(r[2:5], (0.5, 0.2, 0.3), (0.0, 1.0, 0.0)))
+    cot = jax.random.normal(r[5], (rows, width)).astype(dtype)
+    seeds = draw_seeds(r[6]) if rate else None
+    if path == "gelu":
+        args = (p, bias)
+        kernel = gelu_ops.bias_gelu  # (interpret mode on CPU: the suite's smoke run)
+        reference = gelu_ops.reference
+    else:
+        args = (p, bias, residual, scale, shift)
+
+        def kernel(*a):
+            return norm_ops.residual_norm(*a, seeds, rate=rate, eps=1e-12)
+
+        def reference(p, b, res, s, t):
+            x = (p.astype(jnp.float32) + b).astype(p.dtype)
+            x = res + (hash_dropout(x, seeds, rate) if seeds is not None else x)
+            return LayerNorm(epsilon=1e-12, dtype=p.dtype, param_dtype=jnp.float32).apply(
+                {"params": {"scale": s, "bias": t}}, x)
+
+    def with_grads(fn):
+        o, vjp = jax.vjp(fn, *args)
+        return (o,) + vjp(cot)
+
+    want = jax.jit(lambda: with_grads(reference))()
+    got = jax.jit(lambda: with_grads(kernel))()
+    errs = [float(jnp.max(jnp.abs(g.astype(jnp.float32) - w.astype(jnp.float32)))
+                  / max(float(jnp.max(jnp.abs(w.astype(jnp.float32)))), 1e-30))
+            for g, w in zip(got, want)]
+    return dict(out_err=errs[0], grad_err=max(errs[1:]))

@@ -111,13 +111,15 @@ def kernel_checks(report: Report, check: dict) -> None:
     report.print(f"== Kernel check: fused attention against the XLA path on this device, "
                  f"[batch, length, heads, head_dim] = {check.get('shape')}, padding; "
                  "max |diff| / max |reference| of the output and of the q/k/v gradients "
-                 "(float32 dots may run as TF32 on a GPU) ==")
+                 "(float32 dots may run as TF32 on a GPU); then residual_norm and gelu, "
+                 "the residual + LayerNorm and GELU-backward kernels, against their XLA "
+                 "expressions (every input's gradient) ==")
     if "error" in check:
         report.print(f"check failed: {check['error']}")
     for c in check.get("checks", []):
         figures = (f"error {c['error']}" if "error" in c else
                    f"output {c['out_err']:.2e}, gradients {c['grad_err']:.2e}")
-        report.print(f"  {c['path']:<7} {c['dtype']:<9} dropout {c['dropout']:<4} {figures}")
+        report.print(f"  {c['path']:<13} {c['dtype']:<9} dropout {c['dropout']:<4} {figures}")
 
 
 def measurement(report: Report, r: dict, elapsed: float) -> None:

@@ -16,8 +16,9 @@ a minute left is skipped (its cell says SKIP), so the table is always printed.
 of the config's `model` section (no case prefix = every case; '' for none). The key
 `xla_flags` sets that row's XLA_FLAGS instead, space-separated, e.g.
 'base128:xla_flags=--xla_gpu_enable_triton_gemm=false'. The default rows: XLA's backward
-pass of the FFN's bias + GELU against the Pallas kernels the default takes on GPU
-(base128 and large128 gelu_backward=xla), the XLA attention path and one fused Q/K/V product at base128, and BERT-Large keeping every activation
+pass of the FFN's bias + GELU and XLA's residual add + LayerNorm against the Pallas kernels
+the default takes on GPU (base128 and large128 gelu_backward=xla, base128
+residual_norm=xla), the XLA attention path and one fused Q/K/V product at base128, and BERT-Large keeping every activation
 (large128 remat=none, which fits one 80 GB GPU with the Pallas attention; see
 benchmarks/RESULTS.md); for a first session on a GPU also, at base128, cuBLAS instead of
 Triton GEMMs (--xla_gpu_enable_triton_gemm=false), no CUDA-graph command buffers
@@ -49,13 +50,14 @@ from .common import CASES, SMOKE_CONFIG, SMOKE_SHAPES, preds_for
 from .profile import profile_section
 
 # Most informative first (a case's variants run in this order, and --deadline_s skips the
-# last ones): XLA's GELU backward pass against the kernel that replaced it, unmeasured on a
-# GPU when it landed (models/gelu_ops.py); the GEMM backend and the launch mechanism (GEMMs are most of the step; an
+# last ones): XLA's residual + LayerNorm and GELU backward passes against the kernels that
+# replaced them, unmeasured on a GPU when they landed (models/norm_ops.py, gelu_ops.py); the GEMM backend and the launch mechanism (GEMMs are most of the step; an
 # earlier build ran ~4x its static estimate for reasons never found), cuDNN against our
 # kernel on equal terms (no attention dropout: cuDNN has none), the rolled layer loop the
 # unrolled default replaced (scan_unroll=1) and unscanned layers, then the older rows and
 # one Pallas tiling.
 DEFAULT_VARIANTS = ";".join([
+    "base128:residual_norm=xla",
     "base128:gelu_backward=xla",
     "large128:gelu_backward=xla",
     "base128:xla_flags=--xla_gpu_enable_triton_gemm=false",

@@ -34,12 +34,14 @@ class BertSelfAttention(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x, mask, positions=None, local=False):
+    def __call__(self, x, mask, positions=None, local=False, product_only=False):
         """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token),
         or for packed rows <int32>[batch, length] sequence ids (a token attends the tokens
         with its id; 0 = padding). positions: <int>[batch or 1, length], the rotary
         positions (None: 0 .. length - 1). local: whether this is a sliding-window layer,
-        a Python bool, or a traced <bool>[] under nn.scan (the layers then share one body)."""
+        a Python bool, or a traced <bool>[] under nn.scan (the layers then share one body).
+        product_only: return the output projection's (product before its bias, float32
+        bias) instead of its output (models/norm_ops.py adds the bias in its kernel)."""
         c = self.config
         drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
@@ -133,11 +135,14 @@ class BertSelfAttention(nn.Module):
             ctx = checkpoint_name(ctx, "context")
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
 
-        return DenseGeneral(
+        out = lambda name, **kw: DenseGeneral(  # noqa: E731
             features=c.hidden_size, axis=(-2, -1),
             dtype=c.compute_dtype, param_dtype=c.storage_dtype,
             kernel_init=weight_init(c, ("heads", "kv", "embed"), "out"), use_bias=c.use_bias,
-            bias_init=zeros_init(("embed",)), name="output")(ctx)
+            bias_init=zeros_init(("embed",)), name=name, **kw)
+        if product_only:
+            return _unbiased_projection(out, "output", ctx)
+        return out("output")(ctx)
 
 
 def band_mask(length: int, window: int, local=True):

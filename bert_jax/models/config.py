@@ -32,6 +32,7 @@ REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_save
                   "minimal_ffn")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
 GELU_BACKWARDS = ("auto", "xla", "pallas")
+RESIDUAL_NORMS = ("auto", "xla", "pallas")
 DTYPES = ("float32", "bfloat16", "float16")
 DROPOUT_RNGS = ("hash", "jax")
 POSITION_EMBEDDINGS = ("learned", "rotary")
@@ -88,6 +89,11 @@ class BertConfig:
         "xla", or "pallas" (also on CPU, interpret mode: tests). Speed only: the kernel
         computes what jax's backward pass of that expression defines (bias gradient: the
         float32 sum of the rounded GELU gradient).
+      residual_norm: each post-LN sublayer's end, bias + dropout + residual add + LayerNorm
+        (models/norm_ops.py): "auto" (one Pallas kernel each way on GPU under bfloat16 /
+        float16 compute with hash dropout and remat none; else XLA's), "xla", or "pallas"
+        (also on CPU, interpret mode: tests). Speed only: the same expression, up to float32
+        summation order and one rounding fewer in the LayerNorm's input gradient.
 
     The third block is the architecture of later encoders (ModernBERT: rotary positions,
     GeGLU, no biases, pre-LN, alternating global / sliding-window attention); every
@@ -143,6 +149,7 @@ class BertConfig:
     pallas_num_warps: int = 0
     pallas_num_stages: int = 0
     gelu_backward: str = "auto"
+    residual_norm: str = "auto"
 
     position_embedding: str = "learned"
     rope_theta: float = 10000.0
@@ -188,6 +195,9 @@ class BertConfig:
         if self.gelu_backward not in GELU_BACKWARDS:
             raise ConfigError(f"BertConfig.gelu_backward={self.gelu_backward!r}; expected one "
                               f"of {GELU_BACKWARDS}")
+        if self.residual_norm not in RESIDUAL_NORMS:
+            raise ConfigError(f"BertConfig.residual_norm={self.residual_norm!r}; expected one "
+                              f"of {RESIDUAL_NORMS}")
         if self.dropout_rng not in DROPOUT_RNGS:
             raise ConfigError(
                 f"BertConfig.dropout_rng={self.dropout_rng!r}; expected one of {DROPOUT_RNGS}")

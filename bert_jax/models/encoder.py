@@ -35,11 +35,11 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from bert_jax.models import gelu_ops
+from bert_jax.models import gelu_ops, norm_ops
 from bert_jax.models.attention import BertSelfAttention
 from bert_jax.models.attention_ops import platform
 from bert_jax.models.config import BertConfig
-from bert_jax.models.dropout import Dropout
+from bert_jax.models.dropout import Dropout, draw_seeds
 from bert_jax.models.layers import activation, dense, layer_norm
 
 _REMAT_POLICIES = {
@@ -107,24 +107,39 @@ class BertLayer(nn.Module):
         kernel = (gelu_ops.path(c.gelu_backward, platform(), c.compute_dtype, c.hidden_act,
                                 c.remat) if gate is None and c.use_bias else None)
 
-        def ffn(h):
+        def ffn(h, product_only=False):
             if kernel == "gelu_matmul":
                 p, bias = intermediate(h, product_only=True)
                 p = nn.with_logical_constraint(p, ("batch", "length", "mlp"))
-                return output(p, gelu_bias=bias)
+                return output(p, gelu_bias=bias, product_only=product_only)
             g = intermediate(h, fused_gelu=True) if kernel == "gelu" else act(intermediate(h))
             if gate is not None:  # GLU: act(x W_in) * (x W_gate)
                 g = g * gate(h)
             g = nn.with_logical_constraint(g, ("batch", "length", "mlp"))
-            return output(g)
+            return output(g, product_only=product_only)
 
         def residual(a, b, name):
             return checkpoint_name(a + drop(b, deterministic=self.deterministic), name)
 
-        def attend(h):
-            return attention(h, mask, positions, local)
+        def attend(h, product_only=False):
+            return attention(h, mask, positions, local, product_only=product_only)
 
-        if c.pre_ln:
+        # Post-LN's bias + dropout + residual + LayerNorm as one kernel each way
+        # (model.residual_norm): the sublayers hand over their products before the bias.
+        if (not c.pre_ln and not self.is_initializing() and norm_ops.path(
+                c.residual_norm, platform(), c) and norm_ops.fits(x.shape)):
+            rate = 0.0 if self.deterministic else c.hidden_dropout_prob
+
+            def residual_norm(norm, a, out, copies=1):
+                seeds = draw_seeds(drop.make_key()) if rate > 0 else None
+                return norm(a, residual_of=(*out, seeds, rate), copies=copies)
+
+            # two copies of the first LayerNorm's output, the FFN's input and the second's
+            # residual: its backward kernel adds their cotangents itself
+            h, h_residual = residual_norm(attention_norm, x, attend(x, product_only=True), 2)
+            h = checkpoint_name(h, "ffn_input")
+            y = residual_norm(output_norm, h_residual, ffn(h, product_only=True))
+        elif c.pre_ln:
             h = residual(x, attend(attention_norm(x)), "attention_residual")
             y = residual(h, ffn(checkpoint_name(output_norm(h), "ffn_input")), "output_residual")
         else:

@@ -12,7 +12,7 @@ from flax.linen import normalization as _flax_norm
 from flax.linen.dtypes import canonicalize_dtype, promote_dtype
 from jax.ad_checkpoint import checkpoint_name
 
-from bert_jax.models import gelu_ops
+from bert_jax.models import gelu_ops, norm_ops
 from bert_jax.models.gelu_ops import gelu_erf  # the FFN's GELU lives beside its kernels
 from bert_jax.models.config import BertConfig
 
@@ -167,12 +167,25 @@ class LayerNorm(nn.LayerNorm):
     float32 mean, variance and reciprocal standard deviation carry the checkpoint name
     `stats_name` when it is set. A remat policy that saves them (three floats per token)
     spares the backward pass the re-reduction of the input, a full read of [tokens,
-    hidden] per LayerNorm, and the kernel that recomputes the reciprocal."""
+    hidden] per LayerNorm, and the kernel that recomputes the reciprocal.
+
+    residual_of=(p, bias, seeds, rate): the input is x + dropout((p + bias) in the dtype) (x
+    the residual, p a sublayer's product before its float32 bias, seeds those of
+    dropout.draw_seeds or None), normalised by models/norm_ops.py's kernels with these
+    same parameters (the caller checks norm_ops.fits first), in p's dtype; copies=2: the
+    output twice, for two consumers (norm_ops.residual_norm)."""
 
     stats_name: str | None = None
 
     @nn.compact
-    def __call__(self, x, *, mask=None):
+    def __call__(self, x, *, mask=None, residual_of=None, copies=1):
+        if residual_of is not None:
+            width = x.shape[-1]
+            scale = self.param("scale", self.scale_init, (width,), self.param_dtype)
+            shift = self.param("bias", self.bias_init, (width,), self.param_dtype)
+            p, bias, seeds, rate = residual_of
+            return norm_ops.residual_norm(p, bias, x, scale, shift, seeds, rate=rate,
+                                          eps=self.epsilon, copies=copies)
         if self.axis_name is not None or not self.use_fast_variance:
             return super().__call__(x, mask=mask)  # not what the models build: flax's own
         name = (lambda v: checkpoint_name(v, self.stats_name)) if self.stats_name else (

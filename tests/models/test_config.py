@@ -30,6 +30,7 @@ def test_reads_and_writes_original_format(tmp_path):
                                               "pallas_block_k", "pallas_bwd_block_q",
                                               "pallas_bwd_block_k", "pallas_num_warps",
                                               "pallas_num_stages", "gelu_backward",
+                                              "residual_norm",
                                               "position_embedding",
                                               "rope_theta", "local_rope_theta", "ffn_type",
                                               "use_bias", "norm_bias", "layer0_attention_norm",
