@@ -203,8 +203,10 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
         return jnp.pad(x.astype(jnp.int32), ((0, 0), (0, n - x.shape[1])))
 
     if biases is not None:  # zero on the padded head-dim columns, which stay zero
-        biases = tuple(jnp.pad(jnp.asarray(b).astype(jnp.float32),
-                               ((0, 0), (0, d_pad - head_dim))) for b in biases)
+        # one [3, heads, d] operand: one small kernel makes it from a layer's parameters,
+        # where three operands would be three (the kernels read each through its own spec)
+        biases = jnp.pad(jnp.stack([jnp.asarray(b).astype(jnp.float32) for b in biases]),
+                         ((0, 0), (0, 0), (0, d_pad - head_dim)))
     return _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), biases,
                   pad2(q_segment_ids, q_pad), pad2(kv_segment_ids, kv_pad), params, cfg)
 
@@ -467,11 +469,14 @@ def _fwd_kernel(*refs, cfg):
 
 
 def _bias_args(biases, index_map, d):
-    """(in_specs, arrays) of the three <f32>[heads, d] biases for a grid whose index_map
-    returns the head's block; nothing without biases."""
+    """(in_specs, arrays) of the q, k, v biases, <f32>[3, heads, d], for a grid whose
+    index_map returns the head's block: the array three times, each spec its row; nothing
+    without biases."""
     if biases is None:
         return [], []
-    return [pl.BlockSpec((None, d), index_map)] * 3, list(biases)
+    specs = [pl.BlockSpec((None, None, d), lambda *g, j=j: (j, *index_map(*g)))
+             for j in range(3)]
+    return specs, [biases] * 3
 
 
 def _forward(q, k, v, biases, q_seg, kv_seg, params, cfg):
@@ -625,21 +630,24 @@ def _fused_bwd_kernel(*refs, cfg):
     dk = dk.astype(dk_ref.dtype)
     dv = (dv * cfg.keep_scale).astype(dv_ref.dtype)
     dk_ref[...], dv_ref[...] = dk, dv
-    if cfg.bias:
-        db_refs[0][...] = dq_sum
-        _bias_grad(db_refs[1:], (dk, dv))
+    if cfg.bias:  # one [3, d] block: the q, k, v bias gradients' partial sums
+        db_ref, = db_refs
+        db_ref[0, :] = dq_sum
+        db_ref[1, :] = jnp.sum(dk.astype(jnp.float32), axis=0)
+        db_ref[2, :] = jnp.sum(dv.astype(jnp.float32), axis=0)
 
 
 def _fused_backward(cfg, q, k, v, biases, q_seg, kv_seg, params, o, lse, do):
     """dq, dk, dv in one kernel, one program per (example, head): keys fit one block. With
-    biases also their [batch, heads, d] partial gradients (q, k, v)."""
+    biases also their <f32>[batch, 3, heads, d] partial gradients (q, k, v)."""
     batch, q_pad, heads, d = q.shape
     kv_pad = k.shape[1]
     full = lambda n: pl.BlockSpec((None, n, None, d), lambda b, h: (b, 0, h, 0))  # noqa: E731
     seg = lambda n: pl.BlockSpec((None, n), lambda b, h: (b, 0))  # noqa: E731
     bias_specs, bias_arrays = _bias_args(biases, lambda b, h: (h, 0), d)
-    db_specs = [pl.BlockSpec((None, None, d), lambda b, h: (b, h, 0))] * len(bias_arrays)
-    db_shapes = [jax.ShapeDtypeStruct((batch, heads, d), jnp.float32)] * len(bias_arrays)
+    with_bias = biases is not None
+    db_specs = [pl.BlockSpec((None, 3, None, d), lambda b, h: (b, 0, h, 0))] * with_bias
+    db_shapes = [jax.ShapeDtypeStruct((batch, 3, heads, d), jnp.float32)] * with_bias
     return pl.pallas_call(
         functools.partial(_fused_bwd_kernel, cfg=cfg),
         grid=(batch, heads),
@@ -666,15 +674,16 @@ def _backward(cfg, res, do):
             return x
         return jnp.pad(x, ((0, 0), (0, q_pad - x.shape[1]), (0, 0), (0, d - x.shape[3])))
 
-    def bias_grads(partials):  # [..., heads, d] partial sums -> [heads, d] each
+    def bias_grads(partials):  # [..., heads, d] partial sums (q, k, v) -> [3, heads, d]
         if biases is None:
             return None
-        return tuple(x.reshape(-1, heads, d).sum(0) for x in partials)
+        return jnp.stack([x.reshape(-1, heads, d).sum(0) for x in partials])
 
     if kv_pad == bk:
         dq, dk, dv, *partials = _fused_backward(cfg, q, k, v, biases, q_seg, kv_seg, params,
                                                 pad(o), lse, pad(do))
-        return dq, dk, dv, bias_grads(partials), None, None, None
+        db = None if biases is None else jnp.sum(partials[0], axis=0)  # [3, heads, d]
+        return dq, dk, dv, db, None, None, None
     # D_i = rowsum(dO * O) (FlashAttention-2); valid with dropout (see the module doc); 0 on
     # padded rows. One XLA pass here: each key block of the dK/dV kernel walks all query
     # rows, so computing it inside would read O once per key block.
