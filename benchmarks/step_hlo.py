@@ -21,8 +21,9 @@ GEMM when it is a dot, a fusion holding a dot (XLA's Triton GEMM fusions) or a c
 oneDNN matmul custom call; its FLOPs are 2 x output elements x contracted size, from the
 shapes. Fused attention kernels (Triton/Pallas, cuDNN) count as other kernels: their
 bytes, not their FLOPs. An other kernel's bytes are its operands' (each once) plus its
-output's, except that a fusion operand read only through slices counts the slices, and a
-dynamic-update-slice writes in place (the update, not the whole buffer).
+output's, except that a fusion operand read only through slices counts the slices, one
+read only through a gather (elementwise ops between them included) counts the gathered
+elements, and a dynamic-update-slice writes in place (the update, not the whole buffer).
 
 Phases come from each instruction's op_name metadata (jax's name stack): `transpose(` is the
 backward pass, `jvp(` the forward pass; the MLM and NSP heads and the loss (`/mlm/`, `/nsp/`,
@@ -72,6 +73,11 @@ _NOT_KERNELS = {
     "send-done", "recv-done", "get-dimension-size", "set-dimension-size",
 }
 _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__onednn$matmul")
+# Elementwise ops a fused operand may pass through on its way to a gather (same element
+# count): the fusion computes them only for the elements the gather takes.
+_ELEMENTWISE = {"convert", "add", "subtract", "multiply", "divide", "maximum", "minimum",
+                "negate", "exponential", "log", "select", "compare", "and", "or", "not",
+                "abs", "tanh", "rsqrt", "sqrt", "clamp", "bitcast-convert"}
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -255,28 +261,40 @@ def _fusion_kind(instr: Instr) -> str:
     return f"{kind} {name.group(1)}" if name else kind
 
 
+def _elements(shape: str) -> int:
+    return sum(math.prod(d) for _, d in arrays(shape))
+
+
 def _fusion_bytes(instr: Instr, fused: list[Instr], shapes: dict[str, str]) -> int:
     """Operand plus output bytes of a fusion, reading through its fused computation: an
-    operand read only through (dynamic-)slices counts the slices, a dynamic-update-slice
-    into an operand writes the update in place."""
+    operand read only through (dynamic-)slices counts the slices, one read only through a
+    gather (after elementwise ops: a loop fusion computes them for the gathered elements
+    only) counts the gathered elements, a dynamic-update-slice into an operand writes the
+    update in place."""
     by_name = {i.name: i for i in fused}
     users = collections.defaultdict(list)
     for i in fused:
         for o in i.operands:
             users[o].append(i)
 
-    def read(name: str, full: int) -> int:
+    def read(name: str, full: int, per_element: float, elements: int) -> int:
+        if not users[name]:  # the fusion's output: every element
+            return full
         total = 0
         for u in users[name]:
             if u.opcode in ("bitcast", "reshape"):
-                total += read(u.name, full)
+                total += read(u.name, full, per_element, elements)
             elif u.opcode in ("slice", "dynamic-slice") and u.operands[0] == name:
-                total += shape_bytes(u.shape)
+                total += _elements(u.shape) * per_element
+            elif u.opcode == "gather" and u.operands[0] == name:
+                total += _elements(u.shape) * per_element
             elif u.opcode == "dynamic-update-slice" and u.operands[0] == name:
                 continue
+            elif u.opcode in _ELEMENTWISE and _elements(u.shape) == elements:
+                total += read(u.name, full, per_element, elements)
             else:
                 return full
-        return min(total, full)
+        return int(min(total, full))
 
     def written(i: Instr) -> int:
         if i.opcode == "tuple":
@@ -295,7 +313,8 @@ def _fusion_bytes(instr: Instr, fused: list[Instr], shapes: dict[str, str]) -> i
         seen.add(operand)
         p = _param_by_index(param_list, idx)
         full = shape_bytes(shapes.get(operand, p.shape))
-        total += read(p.name, full)
+        n = _elements(shapes.get(operand, p.shape))
+        total += read(p.name, full, full / max(n, 1), n)
     root = next((i for i in fused if i.root), fused[-1])
     return total + written(root)
 

@@ -109,6 +109,49 @@ def test_counting_rule_on_handwritten_hlo():
         24576 / 1e12 + totals["other_bytes"] / 1e12 + 13e-6)
 
 
+# A loop fusion that converts and biases a bf16 [64, 100] table and gathers 8 of its rows'
+# elements (as the MLM loss takes its labels' logits); and one that also writes the whole
+# converted table.
+GATHER_HLO = """HloModule gather_test
+
+%fused_take (t: bf16[64,100], b: f32[100], idx: s32[8,1]) -> f32[8] {
+  %t = bf16[64,100]{1,0} parameter(0)
+  %b = f32[100]{0} parameter(1)
+  %idx = s32[8,1]{1,0} parameter(2)
+  %c = f32[64,100]{1,0} convert(%t)
+  %bb = f32[64,100]{1,0} broadcast(%b), dimensions={1}
+  %sum = f32[64,100]{1,0} add(%c, %bb)
+  ROOT %g = f32[8]{0} gather(%sum, %idx), offset_dims={}, collapsed_slice_dims={0,1}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,1}
+}
+
+%fused_both (t.1: bf16[64,100], idx.1: s32[8,1]) -> (f32[8], f32[64,100]) {
+  %t.1 = bf16[64,100]{1,0} parameter(0)
+  %idx.1 = s32[8,1]{1,0} parameter(1)
+  %c.1 = f32[64,100]{1,0} convert(%t.1)
+  %g.1 = f32[8]{0} gather(%c.1, %idx.1), offset_dims={}, collapsed_slice_dims={0,1}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,1}
+  ROOT %tup = (f32[8]{0}, f32[64,100]{1,0}) tuple(%g.1, %c.1)
+}
+
+ENTRY %main (t.2: bf16[64,100], b.2: f32[100], i.2: s32[8,1]) -> (f32[8], (f32[8], f32[64,100])) {
+  %t.2 = bf16[64,100]{1,0} parameter(0)
+  %b.2 = f32[100]{0} parameter(1)
+  %i.2 = s32[8,1]{1,0} parameter(2)
+  %take = f32[8]{0} fusion(%t.2, %b.2, %i.2), kind=kLoop, calls=%fused_take, metadata={op_name="jit(f)/jvp()/take"}
+  %both = (f32[8]{0}, f32[64,100]{1,0}) fusion(%t.2, %i.2), kind=kLoop, calls=%fused_both, metadata={op_name="jit(f)/jvp()/both"}
+  ROOT %r = (f32[8]{0}, (f32[8]{0}, f32[64,100]{1,0})) tuple(%take, %both)
+}
+"""
+
+
+def test_a_gather_reads_only_the_gathered_elements():
+    kernels = _by_name(step_hlo.audit(GATHER_HLO))
+    # 8 bf16 table elements (through the convert and the bias add), the 400 B bias read
+    # whole (a broadcast), the 32 B of indices, the 32 B written.
+    assert kernels["take"].bytes == 8 * 2 + 400 + 32 + 32
+    # The converted table is also an output: the whole table is read.
+    assert kernels["both"].bytes == 64 * 100 * 2 + 32 + (32 + 64 * 100 * 4)
+
+
 def test_two_matmuls_of_a_jitted_function():
     def f(a, b, c):
         return jnp.tanh(a @ b) @ c
