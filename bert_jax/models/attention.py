@@ -75,8 +75,15 @@ class BertSelfAttention(nn.Module):
             kernel_init=weight_init(c, ("embed", "heads", "kv")),
             bias_init=zeros_init(("heads", "kv")), name=name, **kw)
         biases = None
+        # The Pallas kernel writes dQ, dK, dV as one array: then the projections' input
+        # gradient is one product against the three kernels stacked (_qkv_products).
+        pack_grads = (defer and not c.fused_qkv and not self.is_initializing()
+                      and all(attention_ops.packs_grads(p, x.shape[1], c.pallas_options,
+                                                        window) for p in paths))
         if c.fused_qkv:
             q, k, v, biases = _fused_projection(proj, x, c.compute_dtype, defer)
+        elif pack_grads:
+            q, k, v, biases = _packed_projection(proj, x, c.compute_dtype)
         elif defer:
             (q, k, v), biases = zip(*(_unbiased_projection(proj, name, x)
                                       for name in ("query", "key", "value")))
@@ -108,7 +115,7 @@ class BertSelfAttention(nn.Module):
             return attention_ops.fused(
                 impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
                 dropout_key=dropout_key, pallas_options=c.pallas_options, biases=biases,
-                **kw)
+                packed_grads=pack_grads, **kw)
 
         if one_path:
             impl, = paths
@@ -191,15 +198,11 @@ def _unbiased_projection(proj, name, x):
     return seen["product"], seen["bias"]
 
 
-def _fused_projection(proj, x, dtype, defer_bias=False):
-    """Q, K, V from one [embed] x [embed, 3, heads, kv] product (and one product for the
-    input gradient in the backward pass) instead of three, with the parameters of the
-    three DenseGenerals unchanged (names, shapes, initialisation: checkpoints and converters
-    see no difference). Each DenseGeneral, in the dtype of its parameters, is applied to a
-    single zero row with a dot_general that hands back its kernel, so its output is its
-    bias; the product runs in the compute `dtype` and the bias is added as DenseGeneral
-    adds it (models/layers.py), or with `defer_bias` returned beside them instead:
-    (q, k, v, (q_bias, k_bias, v_bias) or None)."""
+def _kernels_and_biases(proj, x, dtype):
+    """The Q, K, V DenseGenerals' kernels (promoted as each promotes them, then cast to the
+    compute `dtype`) and their biases (float32), unchanged parameters: each module is
+    applied to a single zero row with a dot_general that hands back its kernel, so its
+    output is its bias."""
     kernels, biases = [], []
     for name in ("query", "key", "value"):
         grabbed = {}
@@ -212,6 +215,55 @@ def _fused_projection(proj, x, dtype, defer_bias=False):
         layer = proj(name, dtype=None, dot_general=grab)
         biases.append(layer(jnp.zeros((1, x.shape[-1]), dtype))[0])
         kernels.append(grabbed["kernel"].astype(dtype))
+    return kernels, biases
+
+
+@jax.custom_vjp
+def _qkv_products(x, wq, wk, wv):
+    """(x Wq, x Wk, x Wv), each as DenseGeneral computes its product (three GEMMs, outputs
+    apart), whose input gradient is one product: dX = [dQ dK dV] [Wq Wk Wv]^T over the
+    three stacked (and the kernels' gradients one product too). The stack of dQ, dK, dV is
+    the array the Pallas kernel wrote them into (packed_grads), so XLA reads it as it is;
+    three products would write three [tokens, embed] arrays for XLA to add."""
+    return tuple(jax.lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())))
+                 for w in (wq, wk, wv))
+
+
+def _qkv_products_fwd(x, wq, wk, wv):
+    return _qkv_products(x, wq, wk, wv), (x, wq, wk, wv)
+
+
+def _qkv_products_bwd(res, grads):
+    x, *ws = res
+    g = jnp.stack(grads, axis=2)  # [batch, length, 3, heads, kv]
+    w = jnp.stack(ws, axis=1)     # [embed, 3, heads, kv]
+    dx = jnp.einsum("blthd,ethd->ble", g, w).astype(x.dtype)
+    dw = jnp.einsum("ble,blthd->ethd", x, g)
+    return (dx, *(dw[:, i].astype(ws[i].dtype) for i in range(3)))
+
+
+_qkv_products.defvjp(_qkv_products_fwd, _qkv_products_bwd)
+
+
+def _packed_projection(proj, x, dtype):
+    """Q, K, V before their biases (DenseGeneral's products, as _unbiased_projection takes
+    them) through _qkv_products, and the float32 biases: (q, k, v, (q_bias, k_bias,
+    v_bias)). Same parameters."""
+    kernels, biases = _kernels_and_biases(proj, x, dtype)
+    q, k, v = _qkv_products(x.astype(dtype), *kernels)
+    return q, k, v, tuple(biases)
+
+
+def _fused_projection(proj, x, dtype, defer_bias=False):
+    """Q, K, V from one [embed] x [embed, 3, heads, kv] product (and one product for the
+    input gradient in the backward pass) instead of three, with the parameters of the
+    three DenseGenerals unchanged (names, shapes, initialisation: checkpoints and converters
+    see no difference). Each DenseGeneral, in the dtype of its parameters, is applied to a
+    single zero row with a dot_general that hands back its kernel, so its output is its
+    bias; the product runs in the compute `dtype` and the bias is added as DenseGeneral
+    adds it (models/layers.py), or with `defer_bias` returned beside them instead:
+    (q, k, v, (q_bias, k_bias, v_bias) or None)."""
+    kernels, biases = _kernels_and_biases(proj, x, dtype)
     kernel = jnp.stack(kernels, axis=1)  # [embed, 3, heads, kv]
     kernel = nn.with_logical_constraint(kernel, ("embed", None, "heads", "kv"))
     x = x.astype(dtype)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax.models import BertForPreTraining
+from bert_jax.models.attention import _qkv_products
 from bert_jax.models.attention_ops import AttentionConfigError, resolve
 from tests.models.helpers import random_batch, tiny_config
 
@@ -198,3 +199,26 @@ def test_pallas_path_adds_the_projection_biases_in_the_kernel(fused_qkv):
     _assert_close(got, want)
     bias_grad = got[1]["bert"]["encoder"]["layer_0"]["attention"]["query"]["bias"]
     assert float(jnp.abs(bias_grad).max()) > 1e-3
+
+
+def test_qkv_products_input_gradient_is_one_product():
+    """attention._qkv_products: the three projections' products, and gradients equal to
+    jax's for three separate products (the input's: one product over the stacked dQ, dK,
+    dV, to float32 summation order)."""
+    r = jax.random.split(jax.random.PRNGKey(2), 8)
+    x = jax.random.normal(r[0], (2, 8, 16))
+    ws = [jax.random.normal(r[i], (16, 2, 4)) for i in (1, 2, 3)]
+    cots = [jax.random.normal(r[i], (2, 8, 2, 4)) for i in (4, 5, 6)]
+
+    def plain(x, *ws):
+        return tuple(jnp.einsum("ble,ehd->blhd", x, w) for w in ws)
+
+    got, vjp = jax.vjp(_qkv_products, x, *ws)
+    want, vjp_want = jax.vjp(plain, x, *ws)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)
+    for g, w in zip(vjp(tuple(cots)), vjp_want(tuple(cots))):
+        assert float(jnp.max(jnp.abs(w))) > 1.0
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+    jaxpr = str(jax.make_jaxpr(lambda *a: vjp(tuple(a)))(*cots))
+    assert jaxpr.count("dot_general") == 2  # dX and the stacked kernels' gradient

@@ -446,3 +446,35 @@ def test_rejects_bad_biases():
         pallas_flash.flash_attention(q, q, q, seg, seg, biases=(jnp.zeros((2, 16)),) * 2)
     with pytest.raises(ValueError, match="biases must be"):
         pallas_flash.flash_attention(q, q, q, seg, seg, biases=(jnp.zeros((16,)),) * 3)
+
+
+def test_packed_gradients_are_the_same_gradients_in_one_array():
+    """packed_grads=True: the fused backward kernel writes dQ, dK, dV into one [batch,
+    length, 3, heads, d] array whose slices are exactly the unpacked kernel's gradients
+    (biases and dropout on, padding); a split backward (keys over one block) ignores it."""
+    b, n, h, d = 2, 32, 2, 16
+    r = jax.random.split(jax.random.PRNGKey(4), 5)
+    q, k, v = (jax.random.normal(x, (b, n, h, d), jnp.float32) for x in r[:3])
+    biases = tuple(0.1 * jax.random.normal(r[3], (3, h, d)))
+    cot = jax.random.normal(r[4], (b, n, h, d))
+    seg = jnp.array([[1] * n, [1] * 20 + [0] * (n - 20)], jnp.int32)
+    seeds = jax.random.bits(jax.random.PRNGKey(9), (2,), jnp.uint32)
+
+    def grads(packed, **options):
+        fn = lambda q, k, v, bs: pallas_flash.flash_attention(  # noqa: E731
+            q, k, v, jnp.ones_like(seg), seg, biases=bs, dropout_rate=0.1, seeds=seeds,
+            packed_grads=packed, **options)
+        _, vjp = jax.vjp(fn, q, k, v, biases)
+        jaxpr = str(jax.make_jaxpr(lambda: vjp(cot))())
+        return vjp(cot), jaxpr
+
+    assert pallas_flash.packs_grads(n) and not pallas_flash.packs_grads(n, bwd_block_k=16)
+    want, plain = grads(False)
+    got, packed = grads(True)
+    assert f"f32[{b},{n},3,{h},{d}]" in packed and f"f32[{b},{n},3,{h},{d}]" not in plain
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    split, jaxpr = grads(True, bwd_block_k=16)  # two backward kernels: nothing to pack
+    assert f"f32[{b},{n},3,{h},{d}]" not in jaxpr
+    for g, w in zip(jax.tree_util.tree_leaves(split), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)

@@ -151,8 +151,16 @@ def takes_biases(impl: str) -> bool:
     return impl == "pallas" and platform() != "tpu"
 
 
+def packs_grads(impl: str, length: int, pallas_options=None, window: int = 0) -> bool:
+    """Whether fused(impl, ..., packed_grads=True) over `length` tokens writes dQ, dK, dV as
+    one [batch, length, 3, heads, kv] array in the backward pass (pallas_flash): the Pallas
+    kernel on GPU (and CPU) when the keys fit its one fused backward kernel, globally."""
+    return (impl == "pallas" and platform() != "tpu" and not window
+            and pallas_flash.packs_grads(length, **(pallas_options or {})))
+
+
 def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None,
-          pallas_options=None, window: int = 0, biases=None):
+          pallas_options=None, window: int = 0, biases=None, packed_grads: bool = False):
     """A fused path ("cudnn" or "pallas") on q, k, v: <dtype>[batch, length, heads, kv]
     (q unscaled) with kv_mask: <bool>[batch, length] (True = real token), or for packed
     rows <int32>[batch, length] sequence ids (pallas only). dropout_key: the attention
@@ -162,6 +170,7 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
     |i - j| <= window as well (Pallas and splash; cudnn raises AttentionConfigError).
     biases: None, or (q_bias, k_bias, v_bias), each <float32>[heads, kv], to add to q, k, v
     (rounded back to their dtype): inside the kernel where takes_biases(impl), else here.
+    packed_grads: the Pallas kernel's dQ, dK, dV as slices of one array (packs_grads).
     Returns [batch, length, heads, kv].
 
     A custom kernel is opaque to XLA's sharding propagation (it would gather the whole
@@ -207,7 +216,8 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         return pallas_flash.flash_attention(
             q, k, v, q_seg, kv_seg, biases=biases, dropout_rate=dropout_rate,
             seeds=seeds, batch_offset=batch_offset, head_offset=head_offset,
-            total_heads=heads, window=window, **(pallas_options or {}))
+            total_heads=heads, window=window, packed_grads=packed_grads,
+            **(pallas_options or {}))
 
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty or mesh.size == 1:

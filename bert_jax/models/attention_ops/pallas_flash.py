@@ -90,13 +90,15 @@ class _Cfg(NamedTuple):
     window: int = 0       # sliding-window half width; 0 = global
     head_dim: int = 0     # unpadded head dim: the output is sliced to [:, :q_len, :, :head_dim]
     bias: bool = False    # q, k, v arrive before their per-head biases, added on every load
+    packed: bool = False  # the fused backward kernel writes dQ, dK, dV as one [.., 3, ..] array
 
 
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
                     dropout_rate: float = 0.0, seeds=None, batch_offset=0, head_offset=0,
                     total_heads=None,
                     block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None,
-                    num_warps=None, num_stages=None, interpret=None, window: int = 0):
+                    num_warps=None, num_stages=None, interpret=None, window: int = 0,
+                    packed_grads: bool = False):
     """Softmax attention of q over k, v with in-kernel dropout on the probabilities.
 
     q: <dtype>[batch, q_len, heads, head_dim] (unscaled: the kernel divides by
@@ -128,6 +130,11 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
     add-then-cast. The bias gradients are the float32 sums of dQ, dK, dV (as rounded to the
     dtype) over examples and tokens, each program of the backward kernels summing its own
     rows, so XLA adds only [programs, heads, head_dim] partial sums.
+    packed_grads: where the backward pass is the one fused kernel (the keys fit one
+    backward block) of self-attention, it writes dQ, dK, dV into one [batch, length, 3,
+    heads, head_dim] array and returns its three slices: a caller that stacks them again
+    along axis 2 (one product for the Q, K, V projections' input gradient: see
+    attention.py) then reads that array as it is, with no concatenation.
     Returns <dtype>[batch, q_len, heads, head_dim]; differentiable in q, k, v (and biases).
     """
     batch, q_len, heads, head_dim = q.shape
@@ -181,7 +188,8 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
                total_heads=int(total_heads or heads), fwd_blocks=fwd_blocks,
                bwd_blocks=bwd_blocks, num_warps=num_warps, num_stages=num_stages,
                interpret=bool(interpret), window=int(window), head_dim=head_dim,
-               bias=biases is not None)
+               bias=biases is not None,
+               packed=bool(packed_grads) and q_len == kv_len and kv_pad == bwd_blocks[1])
 
     if threshold:
         seeds = jnp.asarray(seeds)
@@ -209,6 +217,15 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
                          ((0, 0), (0, 0), (0, d_pad - head_dim)))
     return _flash(pad4(q, q_pad), pad4(k, kv_pad), pad4(v, kv_pad), biases,
                   pad2(q_segment_ids, q_pad), pad2(kv_segment_ids, kv_pad), params, cfg)
+
+
+def packs_grads(length: int, *, block_q=None, block_k=None, bwd_block_q=None,
+                bwd_block_k=None, num_warps=None, num_stages=None) -> bool:
+    """Whether self-attention over `length` tokens with these options runs the one fused
+    backward kernel, which flash_attention(..., packed_grads=True) has write dQ, dK, dV as
+    one array."""
+    _, bwd, _, kv_pad = _schedule(length, length, block_q, block_k, bwd_block_q, bwd_block_k)
+    return kv_pad == bwd[1]
 
 
 def _schedule(q_len, kv_len, block_q, block_k, bwd_block_q, bwd_block_k):
@@ -595,10 +612,20 @@ def _fused_bwd_kernel(*refs, cfg):
     a zero cotangent (dO = 0, so D = 0 and dS = 0) and add exactly zero to dK and dV, and
     their dQ rows, sliced off later, are zero."""
     params_ref, (b_q, b_k, b_v), refs = _split_refs(refs, cfg)
-    (q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, o_ref, lse_ref, dq_ref, dk_ref, dv_ref,
-     *db_refs) = refs
+    q_ref, k_ref, v_ref, qseg_ref, kseg_ref, do_ref, o_ref, lse_ref, *refs = refs
+    if cfg.packed:  # one [length, 3, d] block: dQ, dK, dV at 0, 1, 2 of its middle axis
+        (dqkv_ref, *db_refs), out_dtype = refs, refs[0].dtype
+
+        def store(j, rows, x):
+            dqkv_ref[rows, j, :] = x
+    else:
+        dq_ref, dk_ref, dv_ref, *db_refs = refs
+        out_dtype = dq_ref.dtype
+
+        def store(j, rows, x):
+            (dq_ref, dk_ref, dv_ref)[j][rows, :] = x
     bq, _ = cfg.bwd_blocks
-    d = dq_ref.shape[1]
+    d = q_ref.shape[1]
     b, h = pl.program_id(0), pl.program_id(1)
     k, v, k_seg = _biased(k_ref[...], b_k), _biased(v_ref[...], b_v), kseg_ref[...]
 
@@ -618,18 +645,20 @@ def _fused_bwd_kernel(*refs, cfg):
         dv = dv + _dot(pv, do, trans_a=True)
         ds = jnp.where(allowed, p * (dp - delta[:, None]), 0.0).astype(q.dtype)
         dk = dk + _dot(ds, q, trans_a=True)
-        dq = (_dot(ds, k) / cfg.q_scale).astype(dq_ref.dtype)
-        dq_ref[qs, :] = dq
+        dq = (_dot(ds, k) / cfg.q_scale).astype(out_dtype)
+        store(0, qs, dq)
         if cfg.bias:
             dq_sum = dq_sum + jnp.sum(dq.astype(jnp.float32), axis=0)
         return dk, dv, dq_sum
 
-    zeros = jnp.zeros(dk_ref.shape, jnp.float32)
+    zeros = jnp.zeros(k_ref.shape, jnp.float32)
     dk, dv, dq_sum = lax.fori_loop(0, q_ref.shape[0] // bq, body,
                                    (zeros, zeros, jnp.zeros((d,), jnp.float32)))
-    dk = dk.astype(dk_ref.dtype)
-    dv = (dv * cfg.keep_scale).astype(dv_ref.dtype)
-    dk_ref[...], dv_ref[...] = dk, dv
+    dk = dk.astype(out_dtype)
+    dv = (dv * cfg.keep_scale).astype(out_dtype)
+    every = pl.ds(0, k_ref.shape[0])
+    store(1, every, dk)
+    store(2, every, dv)
     if cfg.bias:  # one [3, d] block: the q, k, v bias gradients' partial sums
         db_ref, = db_refs
         db_ref[0, :] = dq_sum
@@ -648,17 +677,26 @@ def _fused_backward(cfg, q, k, v, biases, q_seg, kv_seg, params, o, lse, do):
     with_bias = biases is not None
     db_specs = [pl.BlockSpec((None, 3, None, d), lambda b, h: (b, 0, h, 0))] * with_bias
     db_shapes = [jax.ShapeDtypeStruct((batch, 3, heads, d), jnp.float32)] * with_bias
-    return pl.pallas_call(
+    if cfg.packed:  # one output, [batch, length, 3, heads, d]; its slices are dQ, dK, dV
+        grad_specs = [pl.BlockSpec((None, q_pad, 3, None, d), lambda b, h: (b, 0, 0, h, 0))]
+        grad_shapes = [jax.ShapeDtypeStruct((batch, q_pad, 3, heads, d), q.dtype)]
+    else:
+        grad_specs = [full(q_pad), full(kv_pad), full(kv_pad)]
+        grad_shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)]
+    dqkv, *partials = pl.pallas_call(
         functools.partial(_fused_bwd_kernel, cfg=cfg),
         grid=(batch, heads),
         in_specs=[pl.BlockSpec((4,), lambda b, h: (0,)), *bias_specs, full(q_pad),
                   full(kv_pad), full(kv_pad), seg(q_pad), seg(kv_pad), full(q_pad),
                   full(q_pad), pl.BlockSpec((None, None, q_pad), lambda b, h: (b, h, 0))],
-        out_specs=[full(q_pad), full(kv_pad), full(kv_pad), *db_specs],
-        out_shape=[*(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)), *db_shapes],
+        out_specs=[*grad_specs, *db_specs],
+        out_shape=[*grad_shapes, *db_shapes],
         compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
         name="flash_attention_bwd_fused",
     )(params, *bias_arrays, q, k, v, q_seg, kv_seg, do, o, lse)
+    if cfg.packed:
+        return (dqkv[:, :, 0], dqkv[:, :, 1], dqkv[:, :, 2], *partials)
+    return (dqkv, *partials)
 
 
 def _backward(cfg, res, do):
