@@ -68,6 +68,14 @@ def _kernels_as(dtype):
     return cast
 
 
+def fused_norms(config: BertConfig, shape, initializing: bool) -> bool:
+    """Whether the layers take norm_ops' kernels (model.residual_norm) for activations of
+    `shape`: they then pass each other (output, output) pairs (BertLayer)."""
+    return (not config.pre_ln and not initializing
+            and norm_ops.path(config.residual_norm, platform(), config)
+            and norm_ops.fits(shape))
+
+
 class BertLayer(nn.Module):
     config: BertConfig
     deterministic: bool = True
@@ -79,8 +87,13 @@ class BertLayer(nn.Module):
         """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token)
         or <int32>[batch, length] sequence ids of packed rows (models/attention.py);
         positions: rotary positions <int>[batch or 1, length] (None: 0 .. length - 1);
-        index: under nn.scan, the layer's traced <int32>[] place in the stack."""
+        index: under nn.scan, the layer's traced <int32>[] place in the stack.
+        With norm_ops' kernels (fused_norms), x and the output are pairs of the same
+        activations: (the attention's input, the residual): the second LayerNorm's backward
+        kernel then adds the next layer's two cotangents itself (XLA would add them in a
+        kernel of its own first)."""
         c = self.config
+        x, x_residual = x if isinstance(x, tuple) else (x, x)
         n = c.global_attn_every_n_layers
         if index is None:
             local = c.layer_window(self.index) > 0
@@ -126,8 +139,8 @@ class BertLayer(nn.Module):
 
         # Post-LN's bias + dropout + residual + LayerNorm as one kernel each way
         # (model.residual_norm): the sublayers hand over their products before the bias.
-        if (not c.pre_ln and not self.is_initializing() and norm_ops.path(
-                c.residual_norm, platform(), c) and norm_ops.fits(x.shape)):
+        fused = fused_norms(c, x.shape, self.is_initializing())
+        if fused:
             rate = 0.0 if self.deterministic else c.hidden_dropout_prob
 
             def residual_norm(norm, a, out, copies=1):
@@ -136,9 +149,10 @@ class BertLayer(nn.Module):
 
             # two copies of the first LayerNorm's output, the FFN's input and the second's
             # residual: its backward kernel adds their cotangents itself
-            h, h_residual = residual_norm(attention_norm, x, attend(x, product_only=True), 2)
+            h, h_residual = residual_norm(attention_norm, x_residual,
+                                          attend(x, product_only=True), 2)
             h = checkpoint_name(h, "ffn_input")
-            y = residual_norm(output_norm, h_residual, ffn(h, product_only=True))
+            y = residual_norm(output_norm, h_residual, ffn(h, product_only=True), 2)
         elif c.pre_ln:
             h = residual(x, attend(attention_norm(x)), "attention_residual")
             y = residual(h, ffn(checkpoint_name(output_norm(h), "ffn_input")), "output_residual")
@@ -146,7 +160,9 @@ class BertLayer(nn.Module):
             h = checkpoint_name(attention_norm(residual(x, attend(x), "attention_residual")),
                                 "ffn_input")
             y = output_norm(residual(h, ffn(h), "output_residual"))
-        y = nn.with_logical_constraint(y, ("batch", "length", "embed"))
+        constrain = lambda a: nn.with_logical_constraint(  # noqa: E731
+            a, ("batch", "length", "embed"))
+        y = tuple(map(constrain, y)) if fused else constrain(y)
         return (y, None) if self.scanned else y
 
 
@@ -179,6 +195,9 @@ class BertEncoder(nn.Module):
                 # and gradients are the same: the cast is the Dense layers' own.
                 layer_cls = nn.map_variables(layer_cls, "params",
                                              trans_in_fn=_kernels_as(c.compute_dtype))
+        pairs = fused_norms(c, x.shape, self.is_initializing())
+        if pairs:  # the layers pass (output, output) pairs (BertLayer)
+            x = (x, x)
         if c.scan_layers:
             first = 0
             if not c.layer0_attention_norm:
@@ -205,6 +224,8 @@ class BertEncoder(nn.Module):
         else:
             for i in range(c.num_hidden_layers):
                 x = layer_cls(c, deterministic, index=i, name=f"layer_{i}")(x, mask, positions)
+        if pairs:
+            x = x[0]
         if c.pre_ln:
             x = layer_norm(c, "final_norm")(x)
         return x

@@ -20,6 +20,7 @@ from bert_jax.models import BertForPreTraining, norm_ops
 from bert_jax.models.config import BertConfig, ConfigError
 from bert_jax.models.dropout import Dropout, hash_dropout, keep_mask
 from bert_jax.models.layers import LayerNorm
+from bert_jax.models.params import stack_layers
 from tests.conftest import REPO
 from tests.models.helpers import random_batch, tiny_config
 
@@ -214,6 +215,26 @@ def test_model_with_the_kernels_equals_xla(dtype, tol):
         _compare(got, want, tol)
         losses[dropout] = float(loss_w)
     assert abs(losses[True] - losses[False]) > 1e-2 * abs(losses[False])  # dropout matters
+
+
+@pytest.mark.parametrize("unroll", [1, 0])
+def test_scanned_layers_pass_pairs_through_the_loop(unroll):
+    """nn.scan's carry is the layers' (output, output) pair: as a loop (scan_unroll=1) and
+    unrolled (0), float32 with dropout, the kernels' model equals the XLA path's."""
+    config = tiny_config(intermediate_size=64, num_hidden_layers=3)
+    batch = random_batch(config, batch=3, length=16)
+    params = flax.linen.meta.unbox(BertForPreTraining(config).init(
+        jax.random.PRNGKey(1), batch[0], masked_lm_positions=jnp.array([[1, 2, 3]] * 3))[
+        "params"])
+    scanned = config.replace(scan_layers=True, scan_unroll=unroll)
+    stacked = stack_layers(params, config.num_hidden_layers)
+    loss_w, want = _loss_and_grads(scanned.replace(residual_norm="xla"), stacked, batch)
+    kernel = scanned.replace(residual_norm="pallas")
+    jaxpr = str(jax.make_jaxpr(lambda p: _loss_and_grads(kernel, p, batch))(stacked))
+    assert "residual_norm_bwd" in jaxpr
+    loss_g, got = _loss_and_grads(kernel, stacked, batch)
+    assert abs(float(loss_g) - float(loss_w)) < 2e-6 * abs(float(loss_w))
+    _compare(got, want, 2e-5)
 
 
 _MESH_WORKER = r"""
