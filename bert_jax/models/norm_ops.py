@@ -16,9 +16,15 @@ the normalisation; 240-289 MiB a site at BERT-Base 256 x 128) and six or seven b
 in two stages; 340-435 MiB with the add of the incoming cotangents). The forward kernel
 reads p and the residual once and writes the LayerNorm's input z (kept for the backward
 pass) and its output y (192 MiB); the backward kernel reads the cotangent and z once and
-writes the residual's and p's cotangents and per-program float32 column sums of the scale,
-shift and bias gradients (192 MiB), a few [programs, 3 x hidden] rows that XLA adds. No
-library has this kernel for jax on GPU (Apex and Transformer Engine have it for PyTorch).
+writes the residual's and p's cotangents and per-program float32 column sums of the bias,
+scale and shift gradients (192 MiB), a few [programs, 4 x hidden] rows that XLA adds. With
+copies=2 the output goes out twice, to two consumers (the FFN and the next residual; the
+next layer's Q/K/V product and its residual: models/encoder.py), and the backward kernel
+reads both cotangents, which XLA would otherwise add in a kernel of its own (144-240 MiB a
+site). The bias, scale, shift and the dropout seeds reach the kernels as one [4, hidden]
+operand (vectors()): one small kernel makes it from a layer's stacked parameters. No
+library has these kernels for jax on GPU (Apex and Transformer Engine have them for
+PyTorch).
 
 Numerics are jax's for the expression above: the bias sum in float32 rounded to the dtype,
 the dropout multiply and the residual add in the dtype (as on the XLA path), the statistics
@@ -26,8 +32,10 @@ in float32 from z as rounded (flax's fast variance, mean(z^2) - mean(z)^2 clippe
 output rounded once. The backward pass is the LayerNorm gradient in float32,
 dz = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy scale, rounded to the dtype, then
 the dropout mask and scale in the dtype; the parameter gradients are float32 sums. Up to
-float32 summation order this is what jax's own backward pass of the expression computes
-(tests/models/test_norm_ops.py, in Pallas' interpret mode on CPU).
+float32 summation order this is what jax's own backward pass of the expression computes,
+with one rounding fewer: jax rounds the input gradient's two terms to the dtype and adds
+them there (tests/models/test_norm_ops.py, in Pallas' interpret mode on CPU, where the
+kernels spell their dtype roundings out: see _round).
 
 model.residual_norm picks the path (see path()): "auto" (the kernels on GPU for a post-LN
 model in bfloat16 / float16 with hash dropout and no remat; else XLA's), "xla", "pallas"
