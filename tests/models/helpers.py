@@ -1,3 +1,8 @@
+import json
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,3 +34,17 @@ def assert_close(got, want, rtol=1e-5, names=("out", "dq", "dk", "dv")):
         assert np.abs(w).max() > 0.1, name
         np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6 * max(1.0, np.abs(w).max()),
                                    err_msg=name)
+
+
+def run_mesh_worker(script: str, repo, devices: int = 4) -> dict:
+    """Runs `script` (argv[1]: the repository) in a fresh CPU process with `devices` host
+    devices and returns the JSON object on its last line of output (asserting it ran, and
+    on that many devices)."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
+    out = subprocess.run([sys.executable, "-c", script, str(repo)], cwd=repo, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-4000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["devices"] == devices, result
+    return result

@@ -3,8 +3,6 @@ that runs on CPU (XLA; the Pallas kernel in interpret mode) against the XLA refe
 through the whole model, outputs and gradients, with padding and dropout."""
 
 import os
-import subprocess
-import sys
 
 import flax
 import jax
@@ -15,7 +13,7 @@ import pytest
 from bert_jax.models import BertForPreTraining
 from bert_jax.models.attention import _qkv_products
 from bert_jax.models.attention_ops import AttentionConfigError, resolve
-from tests.models.helpers import random_batch, tiny_config
+from tests.models.helpers import random_batch, run_mesh_worker, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 POSITIONS = jnp.array([[1, 2, 5], [3, 4, 0], [1, 2, 3]])
@@ -149,14 +147,7 @@ print(json.dumps({"devices": jax.device_count(), "max_err": err}))
 
 
 def test_pallas_path_on_a_mesh_equals_one_device_xla():
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    out = subprocess.run([sys.executable, "-c", _MESH_WORKER, REPO], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-4000:]
-    import json
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["devices"] == 4
+    result = run_mesh_worker(_MESH_WORKER, REPO)
     # The same dropout masks on every shard (offsets), float32 rounding only.
     assert result["max_err"] < 1e-5, result
 

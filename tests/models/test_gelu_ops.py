@@ -4,11 +4,6 @@ float32 erf against the float64 one; the model's choice of path; a mesh."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import flax.linen
 import jax
 import jax.numpy as jnp
@@ -19,7 +14,7 @@ import scipy.special
 from bert_jax.models import BertForPreTraining, gelu_ops
 from bert_jax.models.config import BertConfig, ConfigError
 from tests.conftest import REPO
-from tests.models.helpers import random_batch, tiny_config
+from tests.models.helpers import random_batch, run_mesh_worker, tiny_config
 
 
 def test_erf_and_gelu_derivative_are_float32_accurate():
@@ -221,13 +216,7 @@ def test_kernel_on_a_mesh_equals_one_device_xla():
     """float32, 2 x 2 mesh (data, tensor), with and without remat: the kernel runs per
     shard (rows over data, FFN columns over tensor) and the bias gradient is summed over the
     data shards."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    out = subprocess.run([sys.executable, "-c", _MESH_WORKER, str(REPO)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-4000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["devices"] == 4, result
+    result = run_mesh_worker(_MESH_WORKER, REPO)
     for remat in ("none", "minimal_ffn"):
         r = result[remat]
         assert r["shard_map"] and r["kernel"], result

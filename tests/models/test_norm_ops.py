@@ -5,11 +5,6 @@ path; a mesh (the dropout hash of each shard's rows)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import flax.linen
 import jax
 import jax.numpy as jnp
@@ -22,7 +17,7 @@ from bert_jax.models.dropout import Dropout, hash_dropout, keep_mask
 from bert_jax.models.layers import LayerNorm
 from bert_jax.models.params import stack_layers
 from tests.conftest import REPO
-from tests.models.helpers import random_batch, tiny_config
+from tests.models.helpers import random_batch, run_mesh_worker, tiny_config
 
 RATE, EPS = 0.1, 1e-12
 
@@ -271,13 +266,7 @@ def test_kernels_on_a_mesh_equal_one_device_xla():
     """float32, dropout on, examples over a 2 x 2 (data, fsdp) mesh: each shard's kernels
     draw the hash mask of their own global rows, so the loss and gradients are the
     single-device XLA path's."""
-    env = {**os.environ, "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
-    out = subprocess.run([sys.executable, "-c", _MESH_WORKER, str(REPO)], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-4000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result["devices"] == 4, result
+    result = run_mesh_worker(_MESH_WORKER, REPO)
     assert result["shard_map"] and result["kernel"], result
     loss_g, loss_w = result["loss"]
     # float32 summation order: the loss sums over four shards (the masks: max_err below)
