@@ -19,7 +19,8 @@ one or two cases, e.g.
     --cases=large512 --profile_case= --compile_cases= --skip_check
 
 On an H200 a BERT-Base row takes about 60 s of its child's time (26 s of it compiling), a
-BERT-Large row about 115 s, a torch eager row about 20 s, the kernel check 35 s: a
+BERT-Large row about 115 s, a torch eager row about 20 s, the kernel check 35 s (measured
+before it also checked the residual + LayerNorm and GELU kernels: allow a minute): a
 15-minute device budget holds about ten rows (benchmarks/RESULTS.md).
 
 With device time left after the suite, run benchmarks/attention_sweep.py (a few minutes):
