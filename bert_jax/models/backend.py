@@ -1,7 +1,11 @@
-"""Which platform a trace compiles for, as the kernel dispatch (attention, FFN) names it."""
+"""Which platform a trace compiles for, as the kernel dispatch (attention, FFN) names it,
+and which mesh axes a custom kernel's operands are sharded over."""
 
 from __future__ import annotations
 
+import math
+
+import flax.linen as nn
 import jax
 
 
@@ -19,3 +23,22 @@ def platform() -> str:
 def platform_name(name: str) -> str:
     """A device's platform as the dispatch names it: "cuda" and "rocm" are "gpu"."""
     return "gpu" if name in ("cuda", "rocm", "gpu") else name
+
+
+def sharded_axes(logical: tuple[str, ...]):
+    """(mesh, per logical axis name the mesh axes of size > 1 its rule maps it to) under the
+    current abstract mesh, for the shard_map of a custom kernel, which XLA's sharding
+    propagation cannot see into; None without a mesh of more than one device. The names
+    are resolved together, as flax resolves an activation's names (a mesh axis serves the
+    first name that claims it)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1:
+        return None
+    spec = nn.logical_to_mesh_axes(logical)
+    axes = lambda a: () if a is None else (a,) if isinstance(a, str) else tuple(a)  # noqa: E731
+    return mesh, tuple(tuple(n for n in axes(a) if mesh.shape[n] > 1) for a in spec)
+
+
+def axes_size(mesh, names) -> int:
+    """How many shards the mesh axes `names` make (1 for none)."""
+    return math.prod(mesh.shape[n] for n in names)

@@ -39,13 +39,12 @@ from __future__ import annotations
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.models.backend import platform
+from bert_jax.models.backend import axes_size, platform, sharded_axes
 
 try:  # jax's Triton-specific Pallas options; optional
     from jax.experimental.pallas import triton as _triton
@@ -208,14 +207,11 @@ def _sharded_backward(p, bias, g, interpret, lead, with_output=False):
     rows over the mesh axes of the "batch" rule, columns over those of "mlp" (a custom kernel
     is opaque to XLA's sharding propagation, which would gather the whole array). None when
     the shards do not tile the kernel's blocks."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    sharded = sharded_axes(("batch", "mlp"))
+    if sharded is None:
         return gelu_backward(p, bias, g, with_output=with_output, interpret=interpret)
-    spec = nn.logical_to_mesh_axes(("batch", "mlp"))
-    axes = lambda a: () if a is None else (a,) if isinstance(a, str) else tuple(a)  # noqa: E731
-    row_axes = tuple(n for n in axes(spec[0]) if mesh.shape[n] > 1)
-    col_axes = tuple(n for n in axes(spec[1]) if mesh.shape[n] > 1)
-    size = lambda names: math.prod(mesh.shape[n] for n in names)  # noqa: E731
+    mesh, (row_axes, col_axes) = sharded
+    size = lambda names: axes_size(mesh, names)  # noqa: E731
     if lead and lead[0] % size(row_axes):  # rows are batch-major: shard whole examples
         row_axes = ()
     if p.shape[1] % size(col_axes):

@@ -47,14 +47,13 @@ from __future__ import annotations
 import functools
 import math
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.models.backend import platform
+from bert_jax.models.backend import axes_size, platform, sharded_axes
 from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
 
 try:  # jax's Triton-specific Pallas options; optional
@@ -306,15 +305,13 @@ _residual_norm.defvjp(_residual_norm_fwd, _residual_norm_bwd)
 
 
 def _row_axes():
-    """The mesh axes (size > 1) the rows are sharded over (the "batch" rule), and whether
-    the hidden axis ("embed") is sharded; ((), False) without a mesh."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
-        return (), False
-    spec = nn.logical_to_mesh_axes(("batch", "embed"))
-    axes = lambda a: () if a is None else (a,) if isinstance(a, str) else tuple(a)  # noqa: E731
-    rows = tuple(n for n in axes(spec[0]) if mesh.shape[n] > 1)
-    return rows, any(mesh.shape[n] > 1 for n in axes(spec[1]))
+    """(mesh, the mesh axes the rows are sharded over (the "batch" rule), whether the hidden
+    axis ("embed") is sharded); (None, (), False) without a mesh."""
+    sharded = sharded_axes(("batch", "embed"))
+    if sharded is None:
+        return None, (), False
+    mesh, (rows, embed) = sharded
+    return mesh, rows, bool(embed)
 
 
 def _sharded(kernel, args, kw):
@@ -322,10 +319,9 @@ def _sharded(kernel, args, kw):
     [rows, width] operands; under a mesh, per shard of examples (jax.shard_map over the
     "batch" rule's axes: a custom kernel is opaque to XLA's sharding propagation), each
     told its rows' global offset for the dropout hash."""
-    row_axes, _ = _row_axes()
+    mesh, row_axes, _ = _row_axes()
     if not row_axes:
         return kernel(*args, **kw)
-    mesh = jax.sharding.get_abstract_mesh()
     rows, stats = P(row_axes, None), P(row_axes)
     if kernel is forward:
         in_specs, out_specs = (rows, rows, P()), (rows, rows, stats, stats)
@@ -365,15 +361,12 @@ def path(impl: str, plat: str, config) -> bool:
 def fits(shape) -> bool:
     """Whether activations of `shape` ([..., hidden], batch-major) fit the kernels here:
     each shard's rows tile the blocks, and the hidden axis is not sharded."""
-    row_axes, embed_sharded = _row_axes()
+    mesh, row_axes, embed_sharded = _row_axes()
     if embed_sharded:
         return False
-    shards = 1
-    if row_axes:
-        mesh = jax.sharding.get_abstract_mesh()
-        shards = math.prod(mesh.shape[n] for n in row_axes)
-        if shape[0] % shards:
-            return False
+    shards = axes_size(mesh, row_axes) if row_axes else 1
+    if shape[0] % shards:
+        return False
     return tiles(math.prod(shape[:-1]) // shards, shape[-1])
 
 

@@ -3,11 +3,12 @@ import os
 import subprocess
 import sys
 
+import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.models import BertConfig
+from bert_jax.models import BertConfig, BertForPreTraining
 
 
 def tiny_config(**kw) -> BertConfig:
@@ -48,3 +49,28 @@ def run_mesh_worker(script: str, repo, devices: int = 4) -> dict:
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["devices"] == devices, result
     return result
+
+
+def pretraining_loss_and_grads(config: BertConfig, params, batch, dropout: bool = False):
+    """(loss, gradients) of BertForPreTraining on `batch` (ids, mask, types) with three MLM
+    positions per row, for a loss that weighs every logit: sum(sin(MLM logits)) + sum(NSP
+    logits ** 2). dropout: training mode with the "dropout" rng PRNGKey(7)."""
+    ids, mask, types = batch
+    positions = jnp.array([[1, 2, 3]] * ids.shape[0])
+    model = BertForPreTraining(config)
+
+    def loss(p):
+        mlm, nsp = model.apply({"params": p}, ids, mask, types, masked_lm_positions=positions,
+                               deterministic=not dropout,
+                               rngs={"dropout": jax.random.PRNGKey(7)} if dropout else {})
+        return jnp.sum(jnp.sin(mlm.astype(jnp.float32))) + jnp.sum(nsp.astype(jnp.float32) ** 2)
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def pretraining_params(config: BertConfig, ids, seed: int = 1):
+    """Unboxed BertForPreTraining parameters initialised on `ids` (three MLM positions a
+    row, as pretraining_loss_and_grads predicts)."""
+    variables = BertForPreTraining(config).init(
+        jax.random.PRNGKey(seed), ids, masked_lm_positions=jnp.array([[1, 2, 3]] * ids.shape[0]))
+    return flax.linen.meta.unbox(variables["params"])

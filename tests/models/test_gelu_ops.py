@@ -4,17 +4,17 @@ float32 erf against the float64 one; the model's choice of path; a mesh."""
 
 from __future__ import annotations
 
-import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.special
 
-from bert_jax.models import BertForPreTraining, gelu_ops
+from bert_jax.models import gelu_ops
 from bert_jax.models.config import BertConfig, ConfigError
 from tests.conftest import REPO
-from tests.models.helpers import random_batch, run_mesh_worker, tiny_config
+from tests.models.helpers import (pretraining_loss_and_grads, pretraining_params,
+                                   random_batch, run_mesh_worker, tiny_config)
 
 
 def test_erf_and_gelu_derivative_are_float32_accurate():
@@ -135,15 +135,7 @@ def test_auto_takes_a_kernel_only_on_gpu_in_half_precision():
 
 
 def _model_grads(config, params, batch):
-    ids, mask, types = batch
-    positions = jnp.array([[1, 2, 3]] * ids.shape[0])
-    model = BertForPreTraining(config)
-
-    def loss(p):
-        mlm, nsp = model.apply({"params": p}, ids, mask, types, masked_lm_positions=positions)
-        return jnp.sum(jnp.sin(mlm.astype(jnp.float32))) + jnp.sum(nsp.astype(jnp.float32) ** 2)
-
-    return jax.jit(jax.grad(loss))(params)
+    return pretraining_loss_and_grads(config, params, batch)[1]
 
 
 def test_model_gradients_with_the_kernel_equal_xlas():
@@ -153,9 +145,7 @@ def test_model_gradients_with_the_kernel_equal_xlas():
     config = tiny_config(intermediate_size=64, dtype="bfloat16", hidden_dropout_prob=0.0,
                          attention_probs_dropout_prob=0.0)
     batch = random_batch(config, batch=3, length=16)
-    params = flax.linen.meta.unbox(BertForPreTraining(config).init(
-        jax.random.PRNGKey(1), batch[0], masked_lm_positions=jnp.array([[1, 2, 3]] * 3))[
-        "params"])
+    params = pretraining_params(config, batch[0])
     # float32 CPU "auto": the model's jaxpr has no kernel (the float32 step is unchanged)
     jaxpr = str(jax.make_jaxpr(lambda p: _model_grads(tiny_config(intermediate_size=64),
                                                       p, batch))(params))
@@ -181,20 +171,18 @@ def test_model_gradients_with_the_kernel_equal_xlas():
 
 _MESH_WORKER = r"""
 import json, sys
-import flax.linen, jax, jax.numpy as jnp, numpy as np, ml_collections
+import jax, jax.numpy as jnp, numpy as np, ml_collections
 sys.path.insert(0, sys.argv[1])
 from bert_jax import sharding as sharding_lib
-from bert_jax.models import BertForPreTraining
 from bert_jax.train.state import mesh_context
-from tests.models.helpers import random_batch, tiny_config
+from tests.models.helpers import pretraining_params, random_batch, tiny_config
 from tests.models.test_gelu_ops import _model_grads
 
 config = tiny_config(intermediate_size=64, hidden_dropout_prob=0.0,
                      attention_probs_dropout_prob=0.0)
 ids, mask, types = random_batch(config, batch=3, length=16)
 batch = [jnp.concatenate([a, a[:1]]) for a in (ids, mask, types)]  # 4 examples
-params = flax.linen.meta.unbox(BertForPreTraining(config).init(
-    jax.random.PRNGKey(1), batch[0], masked_lm_positions=jnp.array([[1, 2, 3]] * 4))["params"])
+params = pretraining_params(config, batch[0])
 want = jax.tree_util.tree_leaves(_model_grads(config.replace(gelu_backward="xla"), params,
                                               batch))
 mesh = sharding_lib.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=1, tensor=2)))

@@ -5,19 +5,19 @@ path; a mesh (the dropout hash of each shard's rows)."""
 
 from __future__ import annotations
 
-import flax.linen
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models import BertForPreTraining, norm_ops
+from bert_jax.models import norm_ops
 from bert_jax.models.config import BertConfig, ConfigError
 from bert_jax.models.dropout import Dropout, hash_dropout, keep_mask
 from bert_jax.models.layers import LayerNorm
 from bert_jax.models.params import stack_layers
 from tests.conftest import REPO
-from tests.models.helpers import random_batch, run_mesh_worker, tiny_config
+from tests.models.helpers import (pretraining_loss_and_grads, pretraining_params,
+                                   random_batch, run_mesh_worker, tiny_config)
 
 RATE, EPS = 0.1, 1e-12
 
@@ -158,17 +158,7 @@ def test_path_and_config():
 
 
 def _loss_and_grads(config, params, batch, dropout=True):
-    ids, mask, types = batch
-    positions = jnp.array([[1, 2, 3]] * ids.shape[0])
-    model = BertForPreTraining(config)
-
-    def loss(p):
-        mlm, nsp = model.apply({"params": p}, ids, mask, types, masked_lm_positions=positions,
-                               deterministic=not dropout,
-                               rngs={"dropout": jax.random.PRNGKey(7)} if dropout else {})
-        return jnp.sum(jnp.sin(mlm.astype(jnp.float32))) + jnp.sum(nsp.astype(jnp.float32) ** 2)
-
-    return jax.jit(jax.value_and_grad(loss))(params)
+    return pretraining_loss_and_grads(config, params, batch, dropout)
 
 
 def _compare(got, want, tol):
@@ -191,9 +181,7 @@ def test_model_with_the_kernels_equals_xla(dtype, tol):
     XLA:CPU keeps excess precision)."""
     config = tiny_config(intermediate_size=64, dtype=dtype)
     batch = random_batch(config, batch=3, length=16)
-    params = flax.linen.meta.unbox(BertForPreTraining(config).init(
-        jax.random.PRNGKey(1), batch[0], masked_lm_positions=jnp.array([[1, 2, 3]] * 3))[
-        "params"])
+    params = pretraining_params(config, batch[0])
     # CPU "auto": no kernel (the CPU step is XLA's, unchanged)
     jaxpr = str(jax.make_jaxpr(lambda p: _loss_and_grads(config, p, batch))(params))
     assert "residual_norm" not in jaxpr
@@ -218,9 +206,7 @@ def test_scanned_layers_pass_pairs_through_the_loop(unroll):
     unrolled (0), float32 with dropout, the kernels' model equals the XLA path's."""
     config = tiny_config(intermediate_size=64, num_hidden_layers=3)
     batch = random_batch(config, batch=3, length=16)
-    params = flax.linen.meta.unbox(BertForPreTraining(config).init(
-        jax.random.PRNGKey(1), batch[0], masked_lm_positions=jnp.array([[1, 2, 3]] * 3))[
-        "params"])
+    params = pretraining_params(config, batch[0])
     scanned = config.replace(scan_layers=True, scan_unroll=unroll)
     stacked = stack_layers(params, config.num_hidden_layers)
     loss_w, want = _loss_and_grads(scanned.replace(residual_norm="xla"), stacked, batch)
@@ -234,19 +220,17 @@ def test_scanned_layers_pass_pairs_through_the_loop(unroll):
 
 _MESH_WORKER = r"""
 import json, sys
-import flax.linen, jax, jax.numpy as jnp, numpy as np, ml_collections
+import jax, jax.numpy as jnp, numpy as np, ml_collections
 sys.path.insert(0, sys.argv[1])
 from bert_jax import sharding as sharding_lib
-from bert_jax.models import BertForPreTraining
 from bert_jax.train.state import mesh_context
-from tests.models.helpers import random_batch, tiny_config
+from tests.models.helpers import pretraining_params, random_batch, tiny_config
 from tests.models.test_norm_ops import _loss_and_grads
 
 config = tiny_config(intermediate_size=64)
 ids, mask, types = random_batch(config, batch=3, length=16)
 batch = [jnp.concatenate([a, a[:1]]) for a in (ids, mask, types)]  # 4 examples
-params = flax.linen.meta.unbox(BertForPreTraining(config).init(
-    jax.random.PRNGKey(1), batch[0], masked_lm_positions=jnp.array([[1, 2, 3]] * 4))["params"])
+params = pretraining_params(config, batch[0])
 loss_w, want = _loss_and_grads(config.replace(residual_norm="xla"), params, batch)
 mesh = sharding_lib.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=2, tensor=1)))
 with mesh_context(mesh, sharding_lib.DEFAULT_RULES):

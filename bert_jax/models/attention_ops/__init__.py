@@ -46,7 +46,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.errors import UserError
 from bert_jax.models.attention_ops import cudnn, pallas_flash, splash_tpu
-from bert_jax.models.backend import platform
+from bert_jax.models.backend import axes_size, platform, sharded_axes
 from bert_jax.models.dropout import draw_seeds
 from bert_jax.models.layers import add_bias
 
@@ -178,7 +178,6 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
     examples over the mesh axes of the "batch" rule, heads over those of "heads". The
     Pallas kernel is told its shard's offsets so that its dropout mask is the one the XLA
     path draws for the global [batch, heads, q, k] array, on any mesh."""
-    import flax.linen as nn
     from jax.sharding import PartitionSpec as P
 
     heads = q.shape[2]
@@ -219,16 +218,13 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
             total_heads=heads, window=window, packed_grads=packed_grads,
             **(pallas_options or {}))
 
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    sharded = sharded_axes(("batch", "length", "heads", "kv"))
+    if sharded is None:
         return local(q, k, v, biases, kv_mask, seeds, (), ())
-    spec = nn.logical_to_mesh_axes(("batch", "length", "heads", "kv"))
-    axes = lambda a: () if a is None else (a,) if isinstance(a, str) else tuple(a)  # noqa: E731
-    batch_axes = tuple(n for n in axes(spec[0]) if mesh.shape[n] > 1)
-    head_axes = tuple(n for n in axes(spec[2]) if mesh.shape[n] > 1)
-    if heads % max(1, _size(mesh, head_axes)):
+    mesh, (batch_axes, _, head_axes, _) = sharded
+    if heads % axes_size(mesh, head_axes):
         head_axes = ()
-    if q.shape[0] % max(1, _size(mesh, batch_axes)):
+    if q.shape[0] % axes_size(mesh, batch_axes):
         batch_axes = ()
     qkv_spec = P(batch_axes or None, None, head_axes or None, None)
     mask_spec = P(batch_axes or None, None)
@@ -239,9 +235,3 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
         out_specs=qkv_spec, check_vma=False)
     return fn(q, k, v, biases, kv_mask, seeds)
 
-
-def _size(mesh, names) -> int:
-    size = 1
-    for n in names:
-        size *= mesh.shape[n]
-    return size
