@@ -355,34 +355,68 @@ def _page_where(data: bytes) -> str:
     return f"page {int(m.group(1))}" if m else "a page without an id"
 
 
+# A <page> or </page> tag wherever it stands: exports put `</revision></page>` on one line,
+# or a whole page on one line. Inside a page's text `<` is always escaped (`&lt;`), so these
+# bytes can only be the tags themselves.
+_PAGE_TAG = re.compile(rb"<(/?)page(?:\s[^<>]*)?>")
+_WIKI_CHUNK = 1 << 20
+
+
 def _wiki_pages(stream, path: str) -> Iterator[RawDoc]:
-    """<page> elements as bytes, cut at the lines that open and close them (as in every
-    MediaWiki export), so one malformed page is skipped alone."""
-    buf, size, in_page, pages, too_big = [], 0, False, 0, False
-    for line in stream:
-        s = line.lstrip()
-        if s.startswith(b"<page>"):
-            if in_page:  # no </page>: what came before goes to the parser, which names it
-                yield RawDoc("wiki", b"".join(buf), path, _page_where(b"".join(buf)))
-            buf, size, in_page, too_big = [line], len(line), True, False
-            pages += 1
-            continue
-        if not in_page:
-            continue
-        size += len(line)
-        if too_big:
-            pass
-        elif size > MAX_PAGE_BYTES:
+    """<page> elements as bytes, cut at their tags (read in chunks, whatever the line
+    layout), so one malformed page is skipped alone. A file that ends inside a page gives
+    "bad" for that page only."""
+    buf: list[bytes] = []
+    size, in_page, pages, too_big = 0, False, 0, False
+
+    def add(data: bytes):
+        nonlocal buf, size, too_big
+        if not in_page or too_big or not data:
+            return None
+        size += len(data)
+        if size > MAX_PAGE_BYTES:
             where = _page_where(b"".join(buf))
             buf, too_big = [], True
-            yield RawDoc("bad", f"larger than {MAX_PAGE_BYTES >> 20} MB, skipped", path, where)
-        else:
-            buf.append(line)
-        if s.startswith(b"</page>"):
-            if not too_big:
-                data = b"".join(buf)
-                yield RawDoc("wiki", data, path, _page_where(data))
-            buf, size, in_page = [], 0, False
+            return RawDoc("bad", f"larger than {MAX_PAGE_BYTES >> 20} MB, skipped", path, where)
+        buf.append(data)
+        return None
+
+    # read1: what one read of the file gives, so that a compressed file cut short still
+    # hands over every page decompressed before the cut.
+    read, pending = getattr(stream, "read1", stream.read), b""
+    while True:
+        chunk = read(_WIKI_CHUNK)
+        data, eof = pending + chunk, not chunk
+        pos = 0
+        for m in _PAGE_TAG.finditer(data):
+            if (bad := add(data[pos:m.start()])) is not None:
+                yield bad
+            pos = m.end()
+            if not m.group(1):  # <page>
+                if in_page and not too_big:  # no </page>: the parser names what came before
+                    yield RawDoc("wiki", b"".join(buf), path, _page_where(b"".join(buf)))
+                buf, size, in_page, too_big = [], 0, True, False
+                pages += 1
+                if (bad := add(m.group(0))) is not None:
+                    yield bad
+            elif in_page:  # </page>
+                if (bad := add(m.group(0))) is None and not too_big:
+                    page = b"".join(buf)
+                    yield RawDoc("wiki", page, path, _page_where(page))
+                elif bad is not None:
+                    yield bad
+                buf, size, in_page, too_big = [], 0, False, False
+        rest = data[pos:]
+        # A tag cut by the chunk's end waits for the next chunk.
+        cut = rest.rfind(b"<")
+        pending = (b"" if eof or cut < 0 or b">" in rest[cut:] or len(rest) - cut > 256
+                   else rest[cut:])
+        if pending:
+            rest = rest[:cut]
+        if (bad := add(rest)) is not None:
+            yield bad
+        if eof:
+            break
     if in_page and not too_big:
         yield RawDoc("bad", "the file ends inside this page (truncated); the pages before "
                      "it were read", path, _page_where(b"".join(buf)))

@@ -10,6 +10,7 @@ import bz2
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from xml.sax.saxutils import escape
@@ -185,6 +186,41 @@ def test_bz2_and_truncated_multistream_bz2(wiki, tmp_path):
     assert s.bad == [f"{wiki / 'cut.xml.bz2'}: truncated or corrupt (Compressed file ended "
                      f"before the end-of-stream marker was reached); what was read before is "
                      f"kept"]
+
+
+def _compact(xml: str) -> str:
+    """The same export laid out as ElementTree writes it: no line breaks between tags, so
+    `</revision></page>` share a line (and `<page>` follows `</page>` on it)."""
+    return re.sub(r">\s+<", "><", xml)
+
+
+@pytest.mark.parametrize("chunk", [None, 5, 64])
+def test_every_page_of_a_complete_export_is_read_whatever_its_layout(tmp_path, monkeypatch,
+                                                                      chunk):
+    """A valid export keeps its last page (a normal article here) in any line layout, and
+    tags cut by the reader's chunk boundaries are found whole."""
+    if chunk:
+        monkeypatch.setattr(pc, "_WIKI_CHUNK", chunk)
+    pages = [page(12, "Anarchism", ARTICLE), page(70, "Laozi", LAOZI)]
+    for name, xml in (("lines", HEADER + "".join(pages) + FOOTER),
+                      ("compact", _compact(HEADER + "".join(pages) + FOOTER))):
+        (tmp_path / f"{name}.xml").write_text(xml, encoding="utf-8")
+        s = pc.prepare(options(tmp_path / f"{name}.xml", tmp_path / f"{name}.txt", dedup=False))
+        assert (s.documents, s.kept, s.bad) == (2, 2, []), name
+        assert (tmp_path / f"{name}.txt").read_text() == ARTICLE_TEXT + LAOZI_TEXT, name
+
+
+@pytest.mark.parametrize("layout", ["lines", "compact"])
+def test_an_export_cut_inside_its_last_page_names_that_page(tmp_path, layout):
+    xml = HEADER + page(12, "Anarchism", ARTICLE) + page(70, "Laozi", LAOZI)
+    xml = _compact(xml) if layout == "compact" else xml
+    cut = xml[:xml.rindex("He is the reputed author")]
+    (tmp_path / "cut.xml").write_text(cut, encoding="utf-8")
+    s = pc.prepare(options(tmp_path / "cut.xml", tmp_path / "cut.txt", dedup=False))
+    assert (tmp_path / "cut.txt").read_text() == ARTICLE_TEXT
+    assert (s.documents, s.kept, s.dropped["bad input"]) == (2, 1, 1)
+    assert s.bad == [f"{tmp_path / 'cut.xml'}: page 70: the file ends inside this page "
+                     f"(truncated); the pages before it were read"]
 
 
 def test_same_bytes_for_any_worker_count_and_shards(wiki, tmp_path):
