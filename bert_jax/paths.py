@@ -20,6 +20,8 @@ from typing import Iterator, Optional, TextIO
 
 from etils import epath
 
+from bert_jax.errors import UserError
+
 
 def is_uri(path) -> bool:
     return "://" in str(path)
@@ -45,6 +47,36 @@ def is_file(path) -> bool:
 
 def makedirs(path) -> None:
     epath.Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def file_in_the_way(path) -> Optional[str]:
+    """The file that stands at local `path` or at a folder above it (so that no folder can
+    be made there), or None. URIs: None (buckets have no folders to block)."""
+    path = resolve(path)
+    if is_uri(path):
+        return None
+    here = path
+    while not os.path.exists(here):
+        up = os.path.dirname(here)
+        if up == here:
+            return None
+        here = up
+    return None if os.path.isdir(here) else here
+
+
+def check_dir(path, flag: str = "--workdir") -> None:
+    """Raises UserError (one line naming `flag`) when `path` cannot be a directory: it, or
+    a local folder above it, is a file. Creates nothing."""
+    path = resolve(path)
+    blocker = file_in_the_way(path)
+    if blocker is None and is_uri(path) and epath.Path(path).is_file():
+        blocker = path
+    if blocker == path:
+        raise UserError(f"{flag}={path} is a file, not a directory: pass a directory (it is "
+                        f"created if missing)")
+    if blocker is not None:
+        raise UserError(f"{flag}={path}: {blocker} is a file, so no directory can be made "
+                        f"there: pass another path")
 
 
 def glob(pattern) -> list[str]:

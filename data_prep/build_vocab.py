@@ -23,6 +23,7 @@ if __package__ in (None, ""):
 from absl import flags  # noqa: E402
 
 from bert_jax import cli  # noqa: E402
+from bert_jax import paths as bert_paths  # noqa: E402
 from bert_jax.data.features import SPECIAL_TOKENS  # noqa: E402
 from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs,  # noqa: E402
                              is_uri, resolve_inputs)
@@ -101,6 +102,10 @@ def main(argv):
             raise InputError(f"{remote[0]}: build_vocab reads and writes local files (the "
                              f"tokenizers and sentencepiece trainers open them by name); "
                              f"copy the corpus here, and the vocabulary to the bucket after")
+        blocker = bert_paths.file_in_the_way(os.path.dirname(os.path.abspath(FLAGS.output)))
+        if blocker is not None:
+            raise InputError(f"--output={FLAGS.output}: {blocker} is a file, so nothing can "
+                             f"be written there: pass another path")
         if FLAGS.vocab_size <= len(SPECIAL_TOKENS):
             raise InputError(f"--vocab_size must exceed {len(SPECIAL_TOKENS)}")
         warning = check_blank_inputs(files, "--input_file", TEXT_FORMAT)
@@ -126,4 +131,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    cli.quiet_native_logs()
     cli.run(main)

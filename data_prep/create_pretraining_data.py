@@ -231,5 +231,6 @@ def main(argv):
 if __name__ == "__main__":
     from bert_jax import cli
 
+    cli.quiet_native_logs()
     _define_flags()
     cli.run(main)

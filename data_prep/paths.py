@@ -120,4 +120,8 @@ def resolve_outputs(spec: str, num_shards: int) -> list[str]:
     for p in parts:
         if epath.Path(p).is_dir():
             raise InputError(f"--output_file: {p} is a directory")
+        blocker = bert_paths.file_in_the_way(os.path.dirname(bert_paths.resolve(p)))
+        if blocker is not None:
+            raise InputError(f"--output_file: {blocker} is a file, so {p} cannot be written "
+                             f"there: pass another path")
     return parts

@@ -71,6 +71,7 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` importable
 
 from absl import app, flags  # noqa: E402
 from bert_jax.data.checks import files_named  # noqa: E402
+from bert_jax import paths as bert_paths  # noqa: E402
 from bert_jax.errors import UserError  # noqa: E402
 from data_prep import paths as dp_paths  # noqa: E402
 from data_prep.dedup import Deduplicator, DiskDeduplicator, digest, normalize  # noqa: E402
@@ -845,10 +846,16 @@ def output_paths(spec: str, num_shards: int) -> list[str]:
     if spec.endswith(os.sep) or os.path.isdir(spec):
         prefix = os.path.join(spec, "corpus")
     elif num_shards == 1:
-        return [spec]
+        prefix = None
     else:
         prefix = spec[:-4] if spec.endswith(".txt") else spec
-    return [f"{prefix}-{i:05d}-of-{num_shards:05d}.txt" for i in range(num_shards)]
+    outputs = ([spec] if prefix is None else
+               [f"{prefix}-{i:05d}-of-{num_shards:05d}.txt" for i in range(num_shards)])
+    blocker = bert_paths.file_in_the_way(os.path.dirname(os.path.abspath(outputs[0])))
+    if blocker is not None:
+        raise PrepareError(f"--output={spec}: {blocker} is a file, so nothing can be written "
+                           f"there: pass another path")
+    return outputs
 
 
 def _deduplicator(options: Options, folder: str | None = None):
@@ -1109,5 +1116,6 @@ def main(argv):
 if __name__ == "__main__":
     from bert_jax import cli
 
+    cli.quiet_native_logs()
     _define_flags()
     cli.run(main)

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from bert_jax import cli
+
+cli.quiet_native_logs()  # before TensorFlow loads
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from bert_jax import cli  # noqa: E402
 from bert_jax.tasks import finetune, pretraining  # noqa: E402
 from bert_jax.train import runtime  # noqa: E402
 from bert_jax.train.config import check_config_flag, config_path  # noqa: E402

@@ -122,7 +122,18 @@ def test_train_py_help_says_where_the_keys_are_documented():
     (["data_prep/prepare_corpus.py", "--input=nope_dir", "--output=x.txt"],
      "error: --input=nope_dir: no such file or folder"),
     (["-m", "bert_jax.data.inspect", "--input=nope/*.tfrecord"],
-     r"error: input glob 'nope/\*\.tfrecord' matches no file"),
+     r"error: --input: the glob 'nope/\*\.tfrecord' matches no file; check the path"),
+    (["data_prep/create_pretraining_data.py", "--input_file=in.txt",
+      "--output_file=in.txt/out.tfrecord", "--vocab_file=v.txt"],
+     r"create_pretraining_data: error: --output_file: .*/in\.txt is a file, so "
+     r"in\.txt/out\.tfrecord cannot be "
+     r"written there: pass another path"),
+    (["data_prep/build_vocab.py", "--input_file=in.txt", "--output=in.txt/vocab.txt"],
+     r"build_vocab: error: --output=in\.txt/vocab\.txt: .*/in\.txt is a file, so nothing "
+     r"can be written there: pass another path"),
+    (["data_prep/prepare_corpus.py", "--input=in.txt", "--output=in.txt/corpus.txt"],
+     r"error: --output=in\.txt/corpus\.txt: .*/in\.txt is a file, so nothing can be "
+     r"written there: pass another path"),
     (["launch/extract_features.py", "--checkpoint=nope", "--input_file=x.txt",
       "--output_file=x.npy", "--pooling=mean"],
      "error: --checkpoint=nope: .*/nope is neither a model directory"),
@@ -133,10 +144,59 @@ def test_every_cli_ends_a_mistake_in_one_line_exit_2(args, message, tmp_path):
     """A bad flag (absl's own error, before main) or a bad input (in main): one line."""
     if not args[0].startswith("-"):
         args = [str(REPO / args[0]), *args[1:]]
+    (tmp_path / "in.txt").write_text("A sentence.\nAnother one.\n")  # a file in the way
     r, lines = _run(*args, cwd=tmp_path)
     assert r.returncode == 2, r.stderr
     assert len(lines) == 1 and re.match(message, lines[0]), r.stderr
-    assert not os.listdir(tmp_path)
+    assert os.listdir(tmp_path) == ["in.txt"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--workdir={f}"], "error: --workdir={f} is a file, not a directory: pass a directory "
+                        "(it is created if missing)"),
+    (["--workdir={f}/run"], "error: --workdir={f}/run: {f} is a file, so no directory can be "
+                            "made there: pass another path"),
+    (["--workdir={d}/run", "--config.data.train_files={d}/none/*.tfrecord"],
+     "error: data.train_files: the glob '{d}/none/*.tfrecord' matches no file; check the path "
+     "(comma-separated globs, local or gs://)"),
+    (["--workdir={d}/run", "--config.data.train_files={d}/data/*.tfrecord",
+      "--config.data.eval_files={d}/none-*.tfrecord"],
+     "error: data.eval_files: the glob '{d}/none-*.tfrecord' matches no file; check the path "
+     "(comma-separated globs, local or gs://)"),
+])
+def test_train_py_workdir_and_input_mistakes_are_one_line_and_make_nothing(flags, message,
+                                                                           tmp_path):
+    """A workdir that is a file (or under one) and a glob that matches nothing: one line
+    naming the flag or key, exit 2, before any workdir is made."""
+    from tests.data.fixtures import write_files
+
+    f = tmp_path / "a_file"
+    f.write_text("not a folder\n")
+    (tmp_path / "data").mkdir()
+    write_files(tmp_path / "data", 1, 4, seq=64, preds=10)  # valid training files
+    before = sorted(p.name for p in tmp_path.iterdir())
+    fmt = {"f": str(f), "d": str(tmp_path)}
+    r, lines = _run("launch/train.py", "--config=configs/bert_tiny.py",
+                    *[x.format(**fmt) for x in flags])
+    assert r.returncode == 2, r.stderr
+    assert lines == [message.format(**fmt)], r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no workdir made
+
+
+def test_the_quick_start_prints_only_its_own_lines(tmp_path):
+    """The quick start's command (a few steps of it) in the test environment, libtpu
+    installed: no TPU lines, no TensorFlow start-up notices, nothing on stderr but the
+    progress bar. The README's command 1 runs the same program."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("JAX_PLATFORMS", "TF_CPP_MIN_LOG_LEVEL", "XLA_FLAGS")}
+    r = subprocess.run([sys.executable, "launch/train.py", "--config=configs/bert_tiny.py",
+                        f"--workdir={tmp_path / 'run'}", "--config.train.steps=2"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env=dict(env, PYTHONPATH=str(REPO)))
+    assert r.returncode == 0, r.stderr
+    assert "done at step 2" in r.stdout
+    shown = [x.strip() for x in r.stderr.replace("\r", "\n").splitlines() if x.strip()]
+    assert shown and all(x.startswith("pre-training:") for x in shown), r.stderr
 
 
 def test_the_process_exits_without_walking_its_heap_again(tmp_path):

@@ -24,18 +24,20 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import math
-import os
 import sys
 from typing import Any, Sequence
 
-import numpy as np
-from absl import app, flags
-
 from bert_jax import cli
 
-from bert_jax.data import checks
-from bert_jax.data import features as features_lib
-from bert_jax.data import pretrain, shards, tokenization
+if __name__ == "__main__":
+    cli.quiet_native_logs()  # before TensorFlow loads (below)
+
+import numpy as np  # noqa: E402
+from absl import app, flags  # noqa: E402
+
+from bert_jax.data import checks  # noqa: E402
+from bert_jax.data import features as features_lib  # noqa: E402
+from bert_jax.data import pretrain, shards, tokenization  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input", None, "Comma-separated TFRecord glob(s).")
@@ -80,7 +82,7 @@ def report(patterns: str, *, vocab_file: str | None = None, max_seq_length: int 
            max_predictions_per_seq: int | None = None, num_records: int = 1000,
            max_files: int = 64, verify: bool = False, show: int = 2) -> dict[str, Any]:
     """The doctor's findings as a dict (see `format_report`)."""
-    all_files = shards.expand_files(patterns)
+    all_files = shards.expand_files(patterns, "--input")
     files, records, unreadable = sample(all_files, num_records, max_files)
     r: dict[str, Any] = dict(num_files=len(all_files), sampled_files=len(files),
                              num_records=len(records), unreadable=unreadable)
@@ -277,7 +279,6 @@ def format_report(r: dict[str, Any]) -> str:
 
 def main(argv):
     del argv
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if not FLAGS.input:
         raise app.UsageError("--input=GLOB is required")
     r = report(FLAGS.input, vocab_file=FLAGS.vocab_file, max_seq_length=FLAGS.max_seq_length,

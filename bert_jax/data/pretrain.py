@@ -126,7 +126,7 @@ def _check_source(cfg):
 def host_files(cfg, patterns: str, process_index: int, process_count: int):
     """(this host's files, record_level, skipped corrupt files)."""
     from bert_jax.data import shards  # TensorFlow: the tfrecord source only
-    files = shards.expand_files(patterns)
+    files = shards.expand_files(patterns, "data.train_files")
     mine, record_level = shards.shard_files(files, process_index, process_count)
     skipped = []
     if cfg.skip_corrupt:
@@ -185,7 +185,7 @@ def eval_iterator(cfg, batch_size: int, *, process_index: int | None = None,
     if not cfg.eval_files:
         raise ValueError("data.eval_files is empty: nothing to evaluate")
     from bert_jax.data import shards, tfrecord  # TensorFlow: the tfrecord source only
-    files = shards.expand_files(cfg.eval_files)
+    files = shards.expand_files(cfg.eval_files, "data.eval_files")
     return tfrecord.EvalIterable(cfg, files, process_index=index, process_count=count,
                                  local_batch=local_batch,
                                  max_sequences_per_pack=checks.files_packing(files))
@@ -208,7 +208,7 @@ def check_input(cfg, *, process_index: int | None = None,
         if not patterns:
             continue
         from bert_jax.data import shards  # TensorFlow: the tfrecord source only
-        files, _ = shards.shard_files(shards.expand_files(patterns), index, count)
+        files, _ = shards.shard_files(shards.expand_files(patterns, what), index, count)
         warning = checks.check_files(
             files, max_seq_length=cfg.max_seq_length,
             max_predictions_per_seq=cfg.max_predictions_per_seq,

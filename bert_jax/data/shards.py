@@ -37,21 +37,29 @@ class InputReadError(FaultError, OSError):
 # ---------------------------------------------------------------- files and sharding
 
 
-def expand_files(patterns: str | Sequence[str]) -> list[str]:
+class NoInputError(UserError, FileNotFoundError):
+    """A glob of input files matches nothing, or no glob was given."""
+
+
+def expand_files(patterns: str | Sequence[str], key: str = "") -> list[str]:
     """Sorted, de-duplicated files matching comma-separated globs (or a list of them).
 
-    Raises FileNotFoundError naming the glob that matches nothing.
+    Raises NoInputError naming `key` (the config key or flag that gave the globs, such as
+    "data.train_files") and the glob that matches nothing.
     """
     if isinstance(patterns, str):
         patterns = [p for p in patterns.split(",")]
     patterns = [p.strip() for p in patterns if p and p.strip()]
+    where = f"{key}: " if key else ""
     if not patterns:
-        raise FileNotFoundError("no input files given (data.train_files / --input is empty)")
+        raise NoInputError(f"{where}no input files given; expected comma-separated globs of "
+                           f"TFRecord files")
     files = set()
     for pattern in patterns:
         found = tf.io.gfile.glob(pattern)
         if not found:
-            raise FileNotFoundError(f"input glob {pattern!r} matches no file")
+            raise NoInputError(f"{where}the glob {pattern!r} matches no file; check the path "
+                               f"(comma-separated globs, local or gs://)")
         files.update(found)
     return sorted(files)
 

@@ -121,6 +121,7 @@ def run(config, workdir: str, progress: bool = True, after_step=None) -> dict:
     """Every run of the config (restarts x learning rates), resuming what a previous call
     left; returns the summary dict ({"preempted": True, ...} if SIGTERM stopped a run)."""
     workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
+    paths.check_dir(workdir)
     loop.precheck(config)  # keys, optimizer, mesh and batch sizes: before any data is read
     if int(config.train.eval_steps) >= 0:
         raise ConfigError(f"config.train.eval_steps={config.train.eval_steps}: fine-tuning "

@@ -32,6 +32,7 @@ from bert_jax.models.backend import platform_name
 from bert_jax.models.config import ConfigError
 from bert_jax.convert.sources import saved_steps
 from bert_jax.train import checkpoint as ckpt_lib
+from bert_jax.train import console
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
@@ -196,8 +197,9 @@ class _Run:
         self.after_save, self.after_step = after_save, after_step
         self.is_main = jax.process_index() == 0
         self.workdir = paths.resolve(workdir)  # a local path, or a URI such as gs://bucket/run
-        paths.makedirs(self.workdir)
-        # --- everything that can fail cheaply fails before any compile -------------------
+        # --- everything that can fail cheaply fails before any compile, and before the
+        # workdir is made (a mistake leaves nothing behind) --------------------------------
+        paths.check_dir(self.workdir)
         self.mesh, self.rules = precheck(config)
         check_task(config, task)
         self.steps = run_steps(config, getattr(task, "train_examples", None))
@@ -222,8 +224,10 @@ class _Run:
                                     task.init_keys, getattr(task, "init_resize", None))
         self.batch_sharding = data_device.batch_sharding(self.mesh, self.rules)
         self.rep = sharding_lib.replicated(self.mesh)
-        # The input is checked before anything is built or compiled.
+        # The input is checked before anything is built or compiled (TFRecords built from
+        # raw text go under the workdir, made for them).
         host_data = task.train_data(config, self.workdir)
+        paths.makedirs(self.workdir)
         self.programs = programs or build(config, task, self.mesh, self.rules, self.steps)
         self.gate = InputGate(self.batch_sharding,
                               int(config.train.batch_size) // jax.process_count())
@@ -413,7 +417,7 @@ class _Run:
 
     def info(self, msg: str) -> None:
         if self.is_main:
-            print(msg, flush=True)
+            console.say(msg)  # above the progress bar, never on its line
 
 
 class _Logger:
@@ -430,7 +434,7 @@ class _Logger:
             task.model_config, shape.seq_len, shape.predictions, nsp=shape.nsp)
         self.peak, self.peak_source = metrics_lib.peak_flops_per_device()
         self.last_time, self.last_step = None, run.start
-        self.bar = _progress(run.is_main and progress, run.start, run.steps, task.title)
+        self.bar = console.bar(run.is_main and progress, run.start, run.steps, task.title)
 
     def step(self, step: int, metrics: dict) -> None:
         self.pending.append(metrics)
@@ -490,14 +494,6 @@ def _check_finite(metrics: dict, step: int, config) -> int:
             f"stopped before saving anything from it. Lower the learning rate, check the "
             f"data, or set --config.train.skip_nonfinite=True to skip such updates.")
     return int(bad > 0)
-
-
-def _progress(show: bool, start: int, steps: int, name: str):
-    if not show:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=steps, initial=start, unit="step", dynamic_ncols=True, desc=name)
 
 
 SUMMARY_PERF = ("perf/step_time", "perf/seq_per_s", "perf/mfu", "perf/real_tokens_per_s",

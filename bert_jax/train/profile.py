@@ -10,6 +10,7 @@ import jax
 from etils import epath
 
 from bert_jax import paths
+from bert_jax.train import console
 
 
 class Profiler:
@@ -33,8 +34,8 @@ class Profiler:
         if self.active and step == self.last:
             jax.block_until_ready(state)  # the traced steps' device work, not only dispatch
             self.close()
-            print(f"profile of steps {self.first + 1}..{self.last} in {self.directory} "
-                  f"(TensorBoard's profile tab, or xprof)", flush=True)
+            console.say(f"profile of steps {self.first + 1}..{self.last} in {self.directory} "
+                        f"(TensorBoard's profile tab, or xprof)")
 
     def close(self) -> None:
         if self.active:

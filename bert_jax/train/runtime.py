@@ -58,6 +58,38 @@ def on_tpu_vm() -> bool:
                                            "TPU_WORKER_ID"))
 
 
+def _tpu_chips() -> int:
+    """Google TPU chips on this host's PCI bus (what jax's own Cloud TPU set-up counts)."""
+    count = 0
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(vendor) as f:
+                count += f.read().strip() == "0x1ae0"  # Google's PCI vendor id
+        except OSError:
+            pass
+    return count
+
+
+def skip_absent_tpu() -> bool:
+    """On a host with no TPU, keeps jax from trying its TPU backend; returns whether it did.
+
+    Where libtpu is installed (the [test] extra, for the TPU compile tests) jax loads it on
+    its first device query on any host, and libtpu then logs five lines of errors about TPU
+    hosts it cannot find before jax falls back to the CPU. Skipped when the user chose
+    (JAX_PLATFORMS, JAX_FORCE_TPU_INIT), on a TPU VM, or once jax's backends are up."""
+    if (os.environ.get("JAX_PLATFORMS") or "JAX_FORCE_TPU_INIT" in os.environ
+            or on_tpu_vm() or _tpu_chips()):
+        return False
+    from jax._src import xla_bridge  # the factories jax tries, by platform name
+
+    factories = getattr(xla_bridge, "_backend_factories", None)
+    if (not isinstance(factories, dict) or "tpu" not in factories
+            or xla_bridge.backends_are_initialized()):
+        return False
+    del factories["tpu"]
+    return True
+
+
 def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
                num_processes: Optional[int] = None, process_id: Optional[int] = None) -> bool:
     """Calls jax.distributed.initialize() when asked (mode "on", e.g. under SLURM, which
@@ -68,6 +100,7 @@ def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
     so a multi-process CPU run works on one machine (the tests use it)."""
     import jax
 
+    skip_absent_tpu()
     if mode not in ("auto", "on", "off"):
         raise ConfigError(f"distributed mode {mode!r}; expected auto, on or off")
     wanted = mode == "on" or (mode == "auto" and bool(coordinator_address or on_tpu_vm()))

@@ -80,7 +80,7 @@ def make_train_data(config, workdir: str):
     agree(lambda: pretrain.check_input(config.data), "the input check")
     if config.data.get("pack") and not build:
         from bert_jax.data import shards  # TensorFlow: only with files of packed rows
-        files = (shards.expand_files(config.data.train_files)
+        files = (shards.expand_files(config.data.train_files, "data.train_files")
                  if config.data.source == "tfrecord" else [])
         if not files or not checks.files_packing(files):
             given = (f"data.train_files {files_named(files)} hold unpacked rows" if files
