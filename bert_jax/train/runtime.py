@@ -58,7 +58,7 @@ def on_tpu_vm() -> bool:
                                            "TPU_WORKER_ID"))
 
 
-def _tpu_chips() -> int:
+def tpu_chips() -> int:
     """Google TPU chips on this host's PCI bus (what jax's own Cloud TPU set-up counts)."""
     count = 0
     for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
@@ -78,7 +78,7 @@ def skip_absent_tpu() -> bool:
     hosts it cannot find before jax falls back to the CPU. Skipped when the user chose
     (JAX_PLATFORMS, JAX_FORCE_TPU_INIT), on a TPU VM, or once jax's backends are up."""
     if (os.environ.get("JAX_PLATFORMS") or "JAX_FORCE_TPU_INIT" in os.environ
-            or on_tpu_vm() or _tpu_chips()):
+            or on_tpu_vm() or tpu_chips()):
         return False
     from jax._src import xla_bridge  # the factories jax tries, by platform name
 
