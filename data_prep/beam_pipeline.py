@@ -156,7 +156,7 @@ class _ProcessChunk(beam.DoFn):
             local[name] = os.path.join(self.dir, base)
             with open(local[name], "wb") as f:
                 f.write(data)
-        pipeline._init_worker(dataclasses.replace(self.spec, **local))
+        pipeline.init_worker(dataclasses.replace(self.spec, **local))
 
     def teardown(self):
         if getattr(self, "dir", None):

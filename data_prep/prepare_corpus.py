@@ -76,6 +76,7 @@ from bert_jax.errors import UserError  # noqa: E402
 from data_prep import paths as dp_paths  # noqa: E402
 from data_prep.dedup import Deduplicator, DiskDeduplicator, digest, normalize  # noqa: E402
 from data_prep.sentences import SentenceSplitter  # noqa: E402
+from data_prep import workers as workers_lib  # noqa: E402
 
 # Page markers (`### START: ...`, `p.772:0`, possibly followed by an editor's note) and
 # editor's notes on their own line (`[[ed: reformatted from the original]]`).
@@ -913,23 +914,6 @@ def _chunks(inputs, options: Options, progress: _Progress):
         yield chunk, progress.position
 
 
-def _ordered(pool, chunks, options: Options, in_flight: int):
-    """Results in input order, with at most `in_flight` chunks submitted ahead."""
-    pending = collections.deque()
-    for chunk, position in chunks:
-        pending.append((pool.submit(_clean_chunk, chunk, options), position))
-        if len(pending) >= in_flight:
-            future, pos = pending.popleft()
-            yield future.result(), pos
-    while pending:
-        future, pos = pending.popleft()
-        yield future.result(), pos
-
-
-def _fork_safe() -> bool:
-    return not any(name in sys.modules for name in ("tensorflow", "jaxlib", "torch"))
-
-
 def check_options(o: Options) -> None:
     """PrepareError for a bad setting (before any input is read)."""
     if o.doc_split not in ("file", "blank_line"):
@@ -992,9 +976,10 @@ def prepare(options: Options) -> Summary:
         if workers <= 1:
             results = ((_clean_chunk(c, o), pos) for c, pos in chunks)
         else:
-            context = mp.get_context("fork" if _fork_safe() else "spawn")
+            context = mp.get_context("fork" if workers_lib.fork_safe() else "spawn")
             pool = ProcessPoolExecutor(workers, mp_context=context)
-            results = _ordered(pool, chunks, o, 2 * workers)
+            results = workers_lib.ordered(pool, _clean_chunk,
+                                          (((c, o), pos) for c, pos in chunks), 2 * workers)
         done = 0
         for cleaned, position in results:
             for c, fp in cleaned:
