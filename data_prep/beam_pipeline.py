@@ -59,7 +59,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from data_prep import paths as dp_paths
 from data_prep import pipeline
 from data_prep import dedup as dedup_lib
-from data_prep import prepare_corpus as pc
+from data_prep.corpus import clean, output, read, types
 
 _NAMESPACE = "data_prep"
 
@@ -305,7 +305,7 @@ def _read_file(item, options):
     folder = tempfile.mkdtemp(prefix="data_prep-input-")
     try:
         local = _local_copy(path, folder)
-        for j, raw in enumerate(pc.read_documents(local, fmt, options)):
+        for j, raw in enumerate(read.read_documents(local, fmt, options)):
             # The notes name the file as given, not the worker's copy of it.
             yield (i, j), raw._replace(source=path)
     finally:
@@ -316,11 +316,11 @@ def _clean(item, options):
     """((i, j), RawDoc) -> ((i, j), the document's text or None, its record for the
     decisions: (reason, note, sentences, bytes out, digest, signature))."""
     key, raw = item
-    c = pc.clean_document(raw, options)
+    c = clean.clean_document(raw, options)
     if c.sentences is None:
         return key, None, (c.reason, c.note, 0, 0, None, None)
-    text = pc.format_document(c.sentences)
-    digest, sig = (pc.fingerprint(c.sentences, options) if options.dedup else (None, None))
+    text = output.format_document(c.sentences)
+    digest, sig = (clean.fingerprint(c.sentences, options) if options.dedup else (None, None))
     return key, text, (None, "", len(c.sentences), len(text.encode("utf-8")), digest, sig)
 
 
@@ -329,7 +329,7 @@ def _shared_keys(item, options):
     the keys of Deduplicator's digest set and band tables."""
     key, (digest, sig) = item
     yield ("digest", digest), key
-    for band, k in enumerate(pc.minhasher(options).band_keys(sig).tolist()):
+    for band, k in enumerate(clean.minhasher(options).band_keys(sig).tolist()):
         yield (band, k), key
 
 
@@ -359,28 +359,24 @@ def _near_step(members, options):
     members = sorted(members, key=lambda t: t[0])
     sigs = {key: sig for key, _, _, sig in members}
     yield from dedup_lib.greedy(((key, exact, bands) for key, exact, bands, _ in members),
-                                sigs.__getitem__, pc.minhasher(options).min_equal)
+                                sigs.__getitem__, clean.minhasher(options).min_equal)
 
 
 def decide(records, drops: dict, inputs_bytes: int):
     """The local path's decisions in input order over every document's record: drops by
     reason (the duplicates' from `drops`, key -> "exact" | "near"), the kept documents'
     positions. Returns (Summary, {key: kept index})."""
-    summary = pc.Summary()
+    summary = output.Summary()
     kept = {}
     for key, (reason, note, n, nbytes) in sorted(records, key=lambda t: t[0]):
         summary.documents += 1
         if reason is None and key in drops:
             reason = f"{drops[key]} duplicate"
         if reason is not None:
-            summary.dropped[reason] += 1
-            if note and len(summary.bad) < pc._MAX_NOTES:
-                summary.bad.append(note)
+            summary.drop(reason, note)
             continue
         kept[key] = summary.kept
-        summary.kept += 1
-        summary.sentences += n
-        summary.bytes_out += nbytes
+        summary.keep(n, nbytes)
     summary.bytes_in = inputs_bytes
     return summary, kept
 
@@ -463,16 +459,16 @@ def corpus_inputs(spec: str, fmt: str, split: str) -> list[tuple[str, str]]:
         if not part:
             continue
         if "://" not in part:
-            out += pc.expand_inputs(part, fmt, split)
+            out += read.expand_inputs(part, fmt, split)
             continue
-        if fmt not in pc.FORMATS:
-            raise pc.PrepareError(f"--format={fmt}: expected one of {', '.join(pc.FORMATS)}")
+        if fmt not in types.FORMATS:
+            raise types.PrepareError(f"--format={fmt}: expected one of {', '.join(types.FORMATS)}")
         found = sorted(m.path for r in FileSystems.match([part]) for m in r.metadata_list)
         if not found:
-            raise pc.PrepareError(f"--input={part}: no such file")
-        out += [(f, pc.detect_format(f) if fmt == "auto" else fmt) for f in found]
+            raise types.PrepareError(f"--input={part}: no such file")
+        out += [(f, read.detect_format(f) if fmt == "auto" else fmt) for f in found]
     if not out:
-        raise pc.PrepareError(f"--input={spec}: no input files")
+        raise types.PrepareError(f"--input={spec}: no input files")
     return out
 
 
@@ -486,7 +482,7 @@ def corpus_outputs(spec: str, num_shards: int) -> list[str]:
         else:
             prefix = spec[:-4] if spec.endswith(".txt") else spec
         return [f"{prefix}-{i:05d}-of-{num_shards:05d}.txt" for i in range(num_shards)]
-    return pc.output_paths(spec, num_shards)
+    return output.output_paths(spec, num_shards)
 
 
 def prepare(options, runner: str, beam_options: str = ""):
@@ -495,7 +491,7 @@ def prepare(options, runner: str, beam_options: str = ""):
     (nothing written then)."""
     o = options
     t0 = time.time()
-    pc.check_options(o)
+    types.check_options(o)
     inputs = corpus_inputs(o.input, o.format, o.split)
     outputs = corpus_outputs(o.output, o.num_output_shards)
     inputs_bytes = sum(m.size_in_bytes for r in FileSystems.match([p for p, _ in inputs])
@@ -510,7 +506,7 @@ def prepare(options, runner: str, beam_options: str = ""):
             summary = pickle.loads(f.read())
         summary.outputs = outputs
         if not summary.kept:
-            raise pc.PrepareError(pc.nothing_usable(o, summary))
+            raise types.PrepareError(output.nothing_usable(o, summary))
         for t, final in zip(tmp_paths, outputs):
             if not FileSystems.exists(t):  # fewer kept documents than files: empty ones
                 FileSystems.create(t, compression_type=CompressionTypes.UNCOMPRESSED).close()
