@@ -159,7 +159,7 @@ def iter_documents(paths: Sequence[str], stats: Stats, max_doc_chars: int,
                    open_fn=None) -> Iterator[list[str]]:
     """Documents (lists of stripped non-empty lines). A blank or whitespace-only line ends a
     document, and so does the end of a file; a document over max_doc_chars is cut. A file's
-    documents do not depend on the files before it (data_prep/beam_pipeline.py reads files
+    documents do not depend on the files before it (data_prep/beam/records.py reads files
     apart)."""
     for path in paths:
         doc, size = [], 0

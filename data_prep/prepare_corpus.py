@@ -67,8 +67,8 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` importable
 
 from absl import app, flags  # noqa: E402
 from bert_jax.data.checks import files_named  # noqa: E402
-from data_prep import paths as dp_paths  # noqa: E402
 from data_prep import workers  # noqa: E402
+from data_prep.beam import load_beam  # noqa: E402
 from data_prep.corpus.clean import clean_chunk, deduplicator  # noqa: E402
 from data_prep.corpus.output import (Summary, format_document, nothing_usable,  # noqa: E402
                                      output_paths)
@@ -102,7 +102,7 @@ def prepare(options: Options) -> Summary:
     o = options
     check_options(o)
     if o.runner != "local":
-        beam = dp_paths.load_beam(o.runner, o.beam_options, PrepareError)
+        beam = load_beam("corpus", o.runner, o.beam_options, PrepareError)
         return beam.prepare(o, o.runner, o.beam_options)
     if o.beam_options:
         raise PrepareError("--beam_options needs a Beam --runner (e.g. DirectRunner)")

@@ -1,5 +1,5 @@
-"""create_pretraining_data on Apache Beam (data_prep/beam_pipeline.py): the same bytes as the
-local path. Beam is the `[beam]` extra (the `[test]` extra has it too, so CI runs these);
+"""create_pretraining_data and prepare_corpus on Apache Beam (data_prep/beam/): the same bytes
+as the local path. Beam is the `[beam]` extra (the `[test]` extra has it too, so CI runs these);
 they skip where it is absent. The ones at the end check the local path's side of --runner."""
 
 from __future__ import annotations
@@ -84,7 +84,8 @@ def test_chunk_plan_matches_iter_chunks(tmp_path):
     chunk size."""
     import random
 
-    from data_prep import beam_pipeline, pipeline
+    from data_prep import pipeline
+    from data_prep.beam import records
 
     rng = random.Random(0)
     files = []
@@ -98,8 +99,8 @@ def test_chunk_plan_matches_iter_chunks(tmp_path):
         expected = []
         for k, docs, _ in pipeline.iter_chunks(files, pipeline.Stats(), chunk_chars):
             expected += [k] * len(docs)
-        sizes = [beam_pipeline._doc_sizes((i, f), chunk_chars) for i, f in enumerate(files)]
-        plan = beam_pipeline.plan_chunks(sizes[::-1], chunk_chars)  # any arrival order
+        sizes = [records.doc_sizes((i, f), chunk_chars) for i, f in enumerate(files)]
+        plan = records.plan_chunks(sizes[::-1], chunk_chars)  # any arrival order
         got = []
         for i, s in sizes:
             first, starts = plan[i]
@@ -135,12 +136,14 @@ def test_beam_options_need_a_beam_runner(tmp_path):
 
 def test_a_beam_runner_without_beam_says_how_to_install_it(tmp_path, monkeypatch):
     # Beam absent, whether or not it is installed (or already imported by the tests
-    # above): its modules import as missing, and the package forgets its submodule.
-    import data_prep
+    # above): its modules import as missing, and the package forgets its submodules.
+    import data_prep.beam
 
-    for name in ("apache_beam", "data_prep.beam_pipeline"):
+    modules = ("options", "files", "records", "corpus")
+    for name in ("apache_beam",) + tuple(f"data_prep.beam.{m}" for m in modules):
         monkeypatch.setitem(__import__("sys").modules, name, None)
-    monkeypatch.delattr(data_prep, "beam_pipeline", raising=False)
+    for m in modules:
+        monkeypatch.delattr(data_prep.beam, m, raising=False)
     with pytest.raises(InputError, match=r"needs Apache Beam.*pip install \.\[beam\]"):
         _create(SAMPLE[:1], tmp_path / "o", "DirectRunner")
     assert not (tmp_path / "o").exists()
