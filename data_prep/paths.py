@@ -27,22 +27,6 @@ BEAM_OPTIONS_HELP = ("With a Beam --runner: its pipeline options as one string, 
                      "'--project=P --region=R --temp_location=gs://B/tmp'.")
 
 
-def load_beam(runner: str, beam_options: str, error: type[Exception]):
-    """data_prep.beam_pipeline once --runner and --beam_options check out, else `error`
-    (the calling tool's one-line error) saying how to install Apache Beam or what is wrong
-    with them. Imported here, not at the top: the local path never loads Apache Beam."""
-    try:
-        from data_prep import beam_pipeline
-    except ImportError as e:
-        raise error(f"--runner={runner} needs Apache Beam, which is not installed ({e}); "
-                    f"pip install .[beam], or --runner=local") from None
-    try:
-        beam_pipeline.pipeline_options(runner, beam_options)
-    except ValueError as e:
-        raise error(str(e)) from None
-    return beam_pipeline
-
-
 def size(path: str) -> int:
     return epath.Path(path).stat().length if is_uri(path) else os.path.getsize(path)
 

@@ -35,7 +35,7 @@ from bert_jax.train.runtime import agree
 from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB  # package data of the installed data_prep
 from data_prep import create_pretraining_data as cpd
 from data_prep.paths import TEXT_FORMAT
-from data_prep.prepare_corpus import needs_conversion
+from data_prep.corpus.read import needs_conversion
 
 HELD_OUT_EVERY = 20   # documents; the eval split of the sample corpus
 SAMPLE_DUPE_FACTOR = 5
