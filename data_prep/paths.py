@@ -14,7 +14,7 @@ from etils import epath
 from bert_jax import paths as bert_paths
 from bert_jax.errors import UserError
 from bert_jax.paths import is_uri
-from bert_jax.data.checks import files_named
+from bert_jax.data.features import files_named
 
 # What the corpus tools read (the original create_pretraining_data.py's input format).
 TEXT_FORMAT = "UTF-8 text, one sentence per line, a blank line between documents"

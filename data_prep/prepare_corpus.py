@@ -66,7 +66,7 @@ if __package__ in (None, ""):  # run as a script: make `bert_jax` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from absl import app, flags  # noqa: E402
-from bert_jax.data.checks import files_named  # noqa: E402
+from bert_jax.data.features import files_named  # noqa: E402
 from data_prep import workers  # noqa: E402
 from data_prep.beam import load_beam  # noqa: E402
 from data_prep.corpus.clean import clean_chunk, deduplicator  # noqa: E402

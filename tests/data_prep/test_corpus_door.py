@@ -423,7 +423,7 @@ def test_format_detection_and_training_names_the_command():
 
 
 def test_text_files_of_a_dump_name_the_prepare_corpus_command(wiki, tmp_path):
-    from bert_jax.data.checks import DataCheckError
+    from bert_jax.data.features import DataCheckError
     from bert_jax.tasks.pretraining import data as data_lib
     from tests.train.common import text_config
 

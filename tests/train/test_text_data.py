@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from bert_jax.data.checks import DataCheckError
+from bert_jax.data.features import DataCheckError
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.tasks.pretraining import data as data_lib
 from tests.conftest import REPO
