@@ -239,14 +239,22 @@ def kernel_check_rows(small: bool = False) -> list[dict]:
     return out
 
 
-def main() -> int:
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--small", action="store_true",
+                   help="the kernel check's smoke sizes: [2, 64, 2] instead of [8, 128, 8]")
+    args = p.parse_args(argv)
+
     import jax
 
     if jax.devices()[0].platform != "gpu":
         print("needs a GPU: cuDNN's dropout is checked on the device that draws it")
         return 2
     failed = False
-    for row in kernel_check_rows():
+    for row in kernel_check_rows(small=args.small):
         failed |= "error" in row
         print(row)
     return 1 if failed else 0
