@@ -82,3 +82,33 @@ def test_auto_rule(rows, want):
     lines = sweep.verdict_lines(rows)
     assert lines[-1].startswith(f"base128: 12 layers x {want[1]:.3f} ms = ")
     assert lines[-1].endswith("(target <= 4.0 ms: not met)") == (12 * want[1] > 4.0)
+
+
+def test_the_gpu_plan_puts_every_candidate_before_the_tilings():
+    # What one GPU call runs (attention_sweep.main's order): every shape's and layout's
+    # fixed candidates, cuDNN's included, then the tilings (padded rows of TILED), so that a
+    # deadline drops tilings first.
+    sweep = _sweep_module()
+    fixed, tilings = [], []
+    for name in sweep.SHAPES:
+        for layout in sweep.LAYOUTS:
+            f, t = sweep.candidates(name, layout, gpu=True, smoke=False)
+            fixed += [(name, layout, c["path"], c["dropout"], c.get("packed_layout"))
+                      for c in f]
+            tilings += [(name, layout, tuple(c["options"])) for c in t]
+    per_layout = {("xla", 0.1, None), ("pallas", 0.1, None), ("pallas", 0.0, None),
+                  ("cudnn", 0.0, None), ("cudnn", 0.1, "bias")}
+    for name in sweep.SHAPES:
+        assert {r[2:] for r in fixed if r[:2] == (name, "padded")} == per_layout
+        assert {r[2:] for r in fixed if r[:2] == (name, "packed")} == per_layout | {
+            ("cudnn", 0.1, "segments")}
+    assert len(fixed) == 44
+    assert {(n, layout) for n, layout, _ in tilings} == {("base128", "padded"),
+                                                          ("large512", "padded")}
+    assert len(tilings) == len(sweep.TILINGS[128]) + len(sweep.TILINGS[512]) == 7
+    # every tiling key is a model config key that reaches the kernel
+    from bert_jax.models import BertConfig
+
+    for options in list(sweep.TILINGS[128]) + list(sweep.TILINGS[512]):
+        assert set(BertConfig(**options).pallas_options) == {
+            sweep.OPTION_ARGS[k] for k in options}
