@@ -56,7 +56,8 @@ def main(target_path: str) -> None:
         out["padded"] = attention_case(jnp.bool_, 0.1)
         out["packed"] = attention_case(jnp.int32, 0.1)
         out["no_dropout"] = attention_case(jnp.bool_, 0.0)
-        for name, extra in (("model", {}), ("scanned", dict(scan_layers=True, scan_unroll=0))):
+        for name, extra in (("model", {}), ("scanned", dict(scan_layers=True, scan_unroll=0)),
+                            ("rolled", dict(scan_layers=True, scan_unroll=1))):
             config = tiny_config(dtype="bfloat16", attention="cudnn", **extra)
             model = BertForPreTraining(config)
             params = jax.eval_shape(lambda: nn.meta.unbox(

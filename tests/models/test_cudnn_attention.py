@@ -77,7 +77,7 @@ def test_segments_layout_by_hand():
     ({}, True, False),                                     # cuDNN's own dropout
     ({}, True, True),                                      # packed rows: the ids as a bias
     (dict(scan_layers=True, scan_unroll=0), True, False),  # unrolled scan
-    (dict(scan_layers=True, scan_unroll=1), False, False),  # a loop, but no dropout
+    (dict(scan_layers=True, scan_unroll=1), True, False),  # a loop: a seed per layer too
 ])
 def test_explicit_cudnn_takes_dropout_and_packed_rows(extra, training, packed):
     config = tiny_config(dtype="bfloat16", attention_probs_dropout_prob=0.1, **extra)
@@ -92,11 +92,13 @@ def test_auto_picks_what_it_picked():
     assert resolve("auto", "gpu", config, training=False, packed=True) == "pallas"
 
 
-def test_cudnn_dropout_refuses_a_rolled_layer_loop():
-    config = tiny_config(dtype="bfloat16", attention_probs_dropout_prob=0.1, scan_layers=True,
-                         scan_unroll=1)
-    with pytest.raises(AttentionConfigError, match="set model.scan_unroll=0"):
-        resolve("cudnn", "gpu", config, training=True)
+def test_each_layer_has_its_own_seed():
+    from bert_jax.models.attention import _cudnn_seeds
+
+    seeds = _cudnn_seeds(("encoder", "layers", "attention"), 24)
+    assert len(set(seeds)) == 24 and all(0 <= s < 2**31 for s in seeds)
+    assert seeds[:12] == _cudnn_seeds(("encoder", "layers", "attention"), 12)
+    assert not set(seeds) & set(_cudnn_seeds(("encoder", "layer_0", "attention"), 24))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
@@ -122,9 +124,13 @@ def test_compiles_for_the_h100_description():
     assert sorted(c[0] for c in model) == [fwd, fwd, bwd, bwd]
     seeds = lambda name: sorted(c[3] for c in model if c[0] == name)  # noqa: E731
     assert seeds(fwd) == seeds(bwd) and len(set(seeds(fwd))) == 2
-    # A scanned stack, unrolled: one call per layer, one seed for all (cudnn.py says why).
-    assert sorted(c[0] for c in calls["scanned"]) == [fwd, fwd, bwd, bwd]
-    assert len({c[3] for c in calls["scanned"]}) == 1
+    # A scanned stack: a switch over the layers' seeds in each layer's call. In a loop, one
+    # call per layer in the body (each runs once a step); unrolled, XLA keeps every branch
+    # in every layer (layers x layers calls, one taken per layer). A seed per layer.
+    for name, copies in (("rolled", 1), ("scanned", 2)):
+        assert sorted(c[0] for c in calls[name]) == [fwd] * 2 * copies + [bwd] * 2 * copies
+        seeds = lambda target: sorted(c[3] for c in calls[name] if c[0] == target)  # noqa
+        assert seeds(fwd) == seeds(bwd) and len(set(seeds(fwd))) == 2, name
 
 
 # -------------------------------------------------------------- the mask checks on CPU

@@ -6,11 +6,11 @@ Paths (one file each):
   xla     scores, float32 softmax, dropout on the probabilities, values: the reference,
           bit for bit the numerics bert_jax always had; any platform, any dropout masks.
   cudnn   cuDNN's fused flash attention (cudnn.py, GPU, bfloat16 / float16), with cuDNN's own
-          attention-probability dropout: masks from a static seed and a per-call counter,
-          not from the step's key (cudnn.py says what follows: the layers of a scanned
-          stack share their masks, resumed runs draw others, a rolled layer loop is
-          refused). `auto` takes it only without attention dropout: evaluation and
-          prediction, and training with `model.attention_probs_dropout_prob=0`.
+          attention-probability dropout: masks from a compile-time seed per layer and a
+          per-call counter, not from the step's key (cudnn.py says what follows: resumed
+          runs draw other masks, data-parallel shards repeat each other's). `auto` takes
+          it only without attention dropout: evaluation and prediction, and training
+          with `model.attention_probs_dropout_prob=0`.
   pallas  on GPU (and CPU) our flash-attention kernel (pallas_flash.py): probabilities
           never leave the kernel, and the paper's attention-probability dropout is applied
           inside it with the same counter-based hash masks as the XLA path
@@ -109,13 +109,6 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False,
             raise AttentionConfigError(
                 f"model.attention=cudnn cannot run a sliding-window layer (window {window}): "
                 "jax's cuDNN attention takes only a causal left window; use auto or pallas")
-        unroll = config.unroll_for(plat) if config.scan_layers else 0
-        if dropout and 0 < unroll < config.num_hidden_layers:
-            raise AttentionConfigError(
-                f"model.attention=cudnn with attention dropout needs each layer's call "
-                f"unrolled (its masks pair the forward and backward runs of one call in "
-                f"order): set model.scan_unroll=0 (got {config.scan_unroll!r}), or use "
-                "auto / pallas")
     if impl == "pallas":
         if plat not in ("gpu", "cpu", "tpu"):
             raise AttentionConfigError(

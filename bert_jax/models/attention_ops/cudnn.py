@@ -24,17 +24,19 @@ attending across sequences.
 Dropout (`dropout_rate` > 0) is cuDNN's: Philox bits from a static `seed` (compiled into the
 call) and an offset that each compiled call keeps on the host, per device, and advances after
 every run. So:
-  - the forward and backward calls of one attention layer see the same mask only because
-    each runs exactly once per step, in step; a layer inside a rolled loop (a scanned stack
-    with scan_unroll other than 0, which the backward pass walks in reverse) would pair the
-    forward of one layer with the backward of another: attention_ops.resolve refuses it;
+  - the forward and backward calls of one layer see the same mask because each runs once a
+    step: every layer needs a call of its own, with a seed of its own, or two layers would
+    share masks and, in a loop, one layer's forward would pair another's backward.
+    attention.py gives each layer its seed (a hash of the module path and the layer), and
+    under nn.scan makes the call a lax.switch over the layers' seeds, each branch taken by
+    one layer, so once a step. That costs a conditional per layer and call (XLA reads its
+    index on the host), and unrolled, where XLA keeps every branch in every layer, layers^2
+    cuDNN calls to compile; unscanned layers (scan_layers=False) have neither;
   - the mask depends on the seed and on how often the compiled step has run in this
     process, not on the step's dropout key: a resumed run draws other masks than an
     uninterrupted one, and runs with different seeds draw the same ones;
   - every device of a data-parallel mesh runs the same call with the same seed and counter:
-    each shard's examples get the masks the other shards' examples get at the same place;
-  - attention_ops.fused takes the seed from the layer's module path: the unscanned layers
-    get one each, the layers of a scanned stack share one (their masks are alike in a step).
+    each shard's examples get the masks the other shards' examples get at the same place.
 The XLA and Pallas paths draw hash masks from the step's key instead (models/dropout.py),
 with none of these limits. What a GPU must show about cuDNN's masks (rate, independence
 across heads and rows, same seed and step, same mask; next step, another) is checked by
