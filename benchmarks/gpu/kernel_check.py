@@ -49,7 +49,7 @@ def run(spec: dict, out: dict) -> dict:
                 row["error"] = exc_line(e)
             checks.append(row)
     if plat == "gpu":  # cuDNN's own dropout: its masks read back (attention_masks.py)
-        from .. import attention_masks
+        import attention_masks  # benchmarks/, on sys.path as gpu_suite.py runs this
         checks += attention_masks.kernel_check_rows(small=bool(spec.get("smoke")))
     out["checks"] = checks
     out["shape"] = [b, n, h, d]

@@ -9,8 +9,8 @@ function's parameters with the ones this module passes and raises CudnnApiError,
 jax version, when they differ; tests/models/test_cudnn_attention.py pins them to the jax
 versions it was read against (0.10.2; 0.11's source has the same signature).
 
-Masks. Rows of padding: cuDNN's padding mask, with every query row computed (query length =
-the row's length) and the real-token count as the key length; the real tokens must come
+Masks. Rows of padding: cuDNN's padding mask, with every query row computed (query length:
+the full row) and the real-token count as the key length; the real tokens must come
 first (BERT's trailing padding). A row with no real token gets key length 1, so its output
 stays finite (such rows carry zero weight). Packed rows (sequence ids 1, 2, ... and 0 for
 padding, each sequence contiguous): "bias" (the default) adds a [batch, 1, length, length]
