@@ -33,6 +33,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models import gelu_ops, norm_ops
@@ -205,11 +206,12 @@ class BertEncoder(nn.Module):
                 x = layer_cls(c, deterministic, name="layer_0")(x, mask, positions)
                 first = 1
             # Each scanned step gets its index with local layers (local or global) and on
-            # cuDNN's attention (its dropout seed: attention.py)
+            # cuDNN's attention (its dropout seed: attention.py); a numpy constant, so that
+            # unrolled, XLA folds what each layer's index decides (lax.cond / lax.switch)
             if c.layer_window(1) or c.attention == "cudnn":
                 in_axes = (nn.broadcast, nn.broadcast, 0)
                 args = (mask, positions,
-                        jnp.arange(first, c.num_hidden_layers, dtype=jnp.int32))
+                        np.arange(first, c.num_hidden_layers, dtype=np.int32))
             else:
                 in_axes, args = nn.broadcast, (mask, positions)
             length = c.num_hidden_layers - first

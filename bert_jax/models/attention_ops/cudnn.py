@@ -29,9 +29,9 @@ every run. So:
     share masks and, in a loop, one layer's forward would pair another's backward.
     attention.py gives each layer its seed (a hash of the module path and the layer), and
     under nn.scan makes the call a lax.switch over the layers' seeds, each branch taken by
-    one layer, so once a step. That costs a conditional per layer and call (XLA reads its
-    index on the host), and unrolled, where XLA keeps every branch in every layer, layers^2
-    cuDNN calls to compile; unscanned layers (scan_layers=False) have neither;
+    one layer, so once a step. Unrolled, XLA folds the switch away (the encoder passes the
+    layer indices as a constant); in a rolled loop it stays, a conditional per layer and
+    call, whose index XLA reads on the host;
   - the mask depends on the seed and on how often the compiled step has run in this
     process, not on the step's dropout key: a resumed run draws other masks than an
     uninterrupted one, and runs with different seeds draw the same ones;
