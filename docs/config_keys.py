@@ -145,6 +145,10 @@ DESCRIPTIONS = {
     "model.pallas_num_warps": "Pallas GPU kernel: Triton warps per program, a power of two <= "
                               "32; 0: 4.",
     "model.pallas_num_stages": "Pallas GPU kernel: Triton pipelining stages, >= 1; 0: 2.",
+    "model.pallas_bwd_num_warps": "Pallas GPU kernel: Triton warps of the backward kernels; "
+                                  "0: `pallas_num_warps`.",
+    "model.pallas_bwd_num_stages": "Pallas GPU kernel: Triton stages of the backward kernels; "
+                                   "0: `pallas_num_stages`.",
     "model.gelu_backward": "FFN bias + GELU backward: `auto` (a Pallas kernel on GPU in "
                            "bf16/fp16, else XLA), `xla`, `pallas`. Speed only.",
     "model.residual_norm": "Post-LN bias + dropout + residual + LayerNorm: `auto` (Pallas "
@@ -269,6 +273,8 @@ DESCRIPTIONS = {
     "model_overrides.pallas_bwd_block_k": "As `model.pallas_bwd_block_k`.",
     "model_overrides.pallas_num_warps": "As `model.pallas_num_warps`.",
     "model_overrides.pallas_num_stages": "As `model.pallas_num_stages`.",
+    "model_overrides.pallas_bwd_num_warps": "As `model.pallas_bwd_num_warps`.",
+    "model_overrides.pallas_bwd_num_stages": "As `model.pallas_bwd_num_stages`.",
     "model_overrides.gelu_backward": "As `model.gelu_backward`.",
     "model_overrides.residual_norm": "As `model.residual_norm`.",
 }

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import functools
+import zlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -34,14 +37,16 @@ class BertSelfAttention(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x, mask, positions=None, local=False, product_only=False):
+    def __call__(self, x, mask, positions=None, local=False, product_only=False, layer=None):
         """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token),
         or for packed rows <int32>[batch, length] sequence ids (a token attends the tokens
         with its id; 0 = padding). positions: <int>[batch or 1, length], the rotary
         positions (None: 0 .. length - 1). local: whether this is a sliding-window layer,
         a Python bool, or a traced <bool>[] under nn.scan (the layers then share one body).
         product_only: return the output projection's (product before its bias, float32
-        bias) instead of its output (models/norm_ops.py adds the bias in its kernel)."""
+        bias) instead of its output (models/norm_ops.py adds the bias in its kernel).
+        layer: the layer's place in the stack, an int or under nn.scan a traced <int32>[]:
+        cuDNN's dropout takes a compile-time seed per layer (_cudnn_seeds)."""
         c = self.config
         drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
@@ -112,10 +117,21 @@ class BertSelfAttention(nn.Module):
                 return xla_attention.attention(
                     q, k, v, kv_mask, dropout=lambda p: drop(p, deterministic=self.deterministic))
             kw = {"window": w} if w else {}  # global layers call it exactly as before
-            return attention_ops.fused(
-                impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
-                dropout_key=dropout_key, pallas_options=c.pallas_options, biases=biases,
-                packed_grads=pack_grads, **kw)
+
+            def call(seed=0):
+                return attention_ops.fused(
+                    impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
+                    dropout_key=dropout_key, pallas_options=c.pallas_options,
+                    biases=biases, packed_grads=pack_grads, cudnn_seed=seed, **kw)
+
+            if impl != "cudnn" or dropout_key is None:
+                return call()
+            seeds = _cudnn_seeds(self.path, c.num_hidden_layers)
+            if layer is None or isinstance(layer, int):
+                return call(seeds[layer or 0])
+            # A traced index (nn.scan): one branch per layer, each with its own seed, so
+            # that each compiled cuDNN call runs once a step (its cost: cudnn.py).
+            return jax.lax.switch(layer, [functools.partial(call, s) for s in seeds])
 
         if one_path:
             impl, = paths
@@ -150,6 +166,14 @@ class BertSelfAttention(nn.Module):
         if product_only:
             return _unbiased_projection(out, "output", ctx)
         return out("output")(ctx)
+
+
+def _cudnn_seeds(path, layers: int) -> list[int]:
+    """cuDNN's dropout seeds (compile-time ints: attention_ops/cudnn.py) of the module at
+    `path` as layer 0 .. layers - 1 of a stack: hashes of its names and the layer, so that
+    every layer draws its own masks, scanned or not."""
+    name = "/".join(map(str, path))
+    return [zlib.crc32(f"{name}#{i}".encode()) & 0x7FFFFFFF for i in range(layers)]
 
 
 def band_mask(length: int, window: int, local=True):

@@ -81,7 +81,9 @@ class BertConfig:
         those of its two backward kernels (0: as the forward's when that is set, else
         64 x 64). Powers of two >= 16; a block longer than the sequence is cut to it.
       pallas_num_warps, pallas_num_stages: Triton's warps per program (a power of two up
-        to 32) and software-pipelining stages (>= 1) for those kernels (0: 4 and 2).
+        to 32) and software-pipelining stages (>= 1) for those kernels (0: 4 and 2);
+        pallas_bwd_num_warps, pallas_bwd_num_stages: those of the backward kernels alone
+        (0: as the forward's).
         Run-time options: they change speed, never results (up to float summation order).
       gelu_backward: the backward pass of the FFN's bias + exact GELU (models/gelu_ops.py):
         "auto" (one Pallas kernel on GPU under bfloat16 / float16 compute, with the FFN's
@@ -148,6 +150,8 @@ class BertConfig:
     pallas_bwd_block_k: int = 0
     pallas_num_warps: int = 0
     pallas_num_stages: int = 0
+    pallas_bwd_num_warps: int = 0
+    pallas_bwd_num_stages: int = 0
     gelu_backward: str = "auto"
     residual_norm: str = "auto"
 
@@ -291,7 +295,10 @@ class BertConfig:
                  "pallas_bwd_block_k": ("a power of two >= 16",
                                         lambda v: v >= 16 and _pow2(v)),
                  "pallas_num_warps": ("a power of two <= 32", lambda v: v <= 32 and _pow2(v)),
-                 "pallas_num_stages": ("an integer >= 1", lambda v: v >= 1)}
+                 "pallas_num_stages": ("an integer >= 1", lambda v: v >= 1),
+                 "pallas_bwd_num_warps": ("a power of two <= 32",
+                                          lambda v: v <= 32 and _pow2(v)),
+                 "pallas_bwd_num_stages": ("an integer >= 1", lambda v: v >= 1)}
         for key, (what, ok) in rules.items():
             value = getattr(self, key)
             if (not isinstance(value, int) or isinstance(value, bool) or value < 0
@@ -305,7 +312,9 @@ class BertConfig:
         (attention_ops.pallas_flash.flash_attention): the unset (0) ones left out."""
         names = {"pallas_block_q": "block_q", "pallas_block_k": "block_k",
                  "pallas_bwd_block_q": "bwd_block_q", "pallas_bwd_block_k": "bwd_block_k",
-                 "pallas_num_warps": "num_warps", "pallas_num_stages": "num_stages"}
+                 "pallas_num_warps": "num_warps", "pallas_num_stages": "num_stages",
+                 "pallas_bwd_num_warps": "bwd_num_warps",
+                 "pallas_bwd_num_stages": "bwd_num_stages"}
         return {arg: getattr(self, key) for key, arg in names.items() if getattr(self, key)}
 
     @property

@@ -33,6 +33,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models import gelu_ops, norm_ops
@@ -135,7 +136,8 @@ class BertLayer(nn.Module):
             return checkpoint_name(a + drop(b, deterministic=self.deterministic), name)
 
         def attend(h, product_only=False):
-            return attention(h, mask, positions, local, product_only=product_only)
+            return attention(h, mask, positions, local, product_only=product_only,
+                             layer=self.index if index is None else index)
 
         # Post-LN's bias + dropout + residual + LayerNorm as one kernel each way
         # (model.residual_norm): the sublayers hand over their products before the bias.
@@ -203,10 +205,13 @@ class BertEncoder(nn.Module):
             if not c.layer0_attention_norm:
                 x = layer_cls(c, deterministic, name="layer_0")(x, mask, positions)
                 first = 1
-            if c.layer_window(1):  # local layers: each scanned step gets its index
+            # Each scanned step gets its index with local layers (local or global) and on
+            # cuDNN's attention (its dropout seed: attention.py); a numpy constant, so that
+            # unrolled, XLA folds what each layer's index decides (lax.cond / lax.switch)
+            if c.layer_window(1) or c.attention == "cudnn":
                 in_axes = (nn.broadcast, nn.broadcast, 0)
                 args = (mask, positions,
-                        jnp.arange(first, c.num_hidden_layers, dtype=jnp.int32))
+                        np.arange(first, c.num_hidden_layers, dtype=np.int32))
             else:
                 in_axes, args = nn.broadcast, (mask, positions)
             length = c.num_hidden_layers - first

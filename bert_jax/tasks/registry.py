@@ -44,6 +44,7 @@ def base_config() -> ml_collections.ConfigDict:
         pallas_block_q=placeholder(int), pallas_block_k=placeholder(int),
         pallas_bwd_block_q=placeholder(int), pallas_bwd_block_k=placeholder(int),
         pallas_num_warps=placeholder(int), pallas_num_stages=placeholder(int),
+        pallas_bwd_num_warps=placeholder(int), pallas_bwd_num_stages=placeholder(int),
         gelu_backward=placeholder(str), residual_norm=placeholder(str)))
     c.tokenizer = ml_collections.ConfigDict(dict(vocab_file="", do_lower_case=True))
     # Used only without init_checkpoint (training from scratch): BERT-Base by default.
