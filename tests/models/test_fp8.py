@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bert_jax.models import fp8 as fp8_lib
+from bert_jax.models import gelu_ops
 from bert_jax.models.bert import BertForPreTraining
 from bert_jax.models.layers import dense
 from bert_jax.models.params import stack_layers, unstack_layers
@@ -195,3 +196,13 @@ def test_without_fp8_is_the_same_model_without_the_state():
         batch = random_batch(config)
         params = fp8_lib.split(_init(config, batch))[0]
         model.apply({"params": params}, *batch, masked_lm_positions=POSITIONS)
+
+
+def test_fp8_products_stay_out_of_the_custom_backward_passes():
+    """Under remat the GELU kernel's gelu_matmul computes the FFN's second product in its
+    own backward pass (a bfloat16 product): with model.fp8 that product is an FP8 op, so the
+    plain GELU kernel is taken instead."""
+    args = ("auto", "gpu", jnp.bfloat16, "gelu", "minimal_ffn")
+    assert gelu_ops.path(*args) == "gelu_matmul"
+    assert gelu_ops.path(*args, fp8=True) == "gelu"
+    assert gelu_ops.path("auto", "gpu", jnp.bfloat16, "gelu", "none", fp8=True) == "gelu"
