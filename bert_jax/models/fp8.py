@@ -24,8 +24,9 @@ beside "params": not a parameter (the optimizer never sees it) but training stat
 defines its update as its gradient: the train step differentiates the loss with respect to
 it and takes that "gradient" as the new state (bert_jax.train.step), which the checkpoints
 keep with the params (bert_jax.train.checkpoint: exact resume) and nothing else carries:
-model directories, exports and warm starts take the params only, and evaluation runs the
-model without FP8 (`without_fp8`).
+model directories and exports take the params only, a warm start (params, or params and
+optimizer state) begins with empty histories, and evaluation runs the model without FP8
+(`without_fp8`).
 """
 
 from __future__ import annotations
