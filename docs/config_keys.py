@@ -123,7 +123,10 @@ DESCRIPTIONS = {
     "model.initializer_range": "Standard deviation of the truncated-normal weight init.",
     "model.layer_norm_eps": "LayerNorm epsilon.",
     "model.pre_ln": "LayerNorm before each sub-layer (and a final one) instead of after.",
-    "model.dtype": "Compute dtype: float32, bfloat16 or float16.",
+    "model.dtype": "Compute dtype: auto (bfloat16 when the step compiles for a GPU or TPU, "
+                   "float32 on CPU), float32, bfloat16 or float16.",
+    "model.fp8": "The encoder's dense products in FP8 with delayed scaling (Hopper-class "
+                 "GPUs; emulated elsewhere): docs/accelerators.md.",
     "model.param_dtype": "Storage dtype of the parameters.",
     "model.remat": "What a layer keeps for the backward pass: none, full, minimal, "
                    "minimal_ffn, dots_saveable, dots_with_no_batch_dims_saveable.",
@@ -258,7 +261,9 @@ DESCRIPTIONS = {
                        "(or `model`'s); None keeps its value.",
     "model_overrides.hidden_dropout_prob": "As `model.hidden_dropout_prob`.",
     "model_overrides.attention_probs_dropout_prob": "As `model.attention_probs_dropout_prob`.",
-    "model_overrides.dtype": "As `model.dtype`.",
+    "model_overrides.dtype": "As `model.dtype` (auto by default, whatever the checkpoint's).",
+    "model_overrides.fp8": "As `model.fp8` (None: the checkpoint's, off: a checkpoint "
+                           "carries no FP8 state).",
     "model_overrides.param_dtype": "As `model.param_dtype`.",
     "model_overrides.remat": "As `model.remat`.",
     "model_overrides.scan_layers": "As `model.scan_layers` (not for a pre-training workdir, "

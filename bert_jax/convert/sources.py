@@ -90,7 +90,10 @@ def open_source(path: str, what: str = "train.init_checkpoint") -> InitSource:
         run = open_run(path, f"{what}={path}")
         shapes = {"/".join(str(getattr(k, "key", k)) for k in kp): tuple(v.shape)
                   for kp, v in jax.tree_util.tree_flatten_with_path(run.params)[0]}
-        return InitSource(path, "workdir", from_config_dict(run.config["model"]),
+        # The params alone leave a run: an FP8 run's scaling state (model.fp8) stays in
+        # its checkpoints, and what starts from them computes without FP8 unless it asks.
+        config = from_config_dict(run.config["model"]).replace(fp8=False)
+        return InitSource(path, "workdir", config,
                           run.vocab_file, read=run.read_params, step=run.step,
                           saved_shapes=shapes, task=run_task(run))
     raise FileNotFoundError(

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from bert_jax.models import fp8 as fp8_lib
 from bert_jax.models import gelu_ops, norm_ops
 from bert_jax.models.attention import BertSelfAttention
 from bert_jax.models.attention_ops import platform
@@ -108,10 +109,12 @@ class BertLayer(nn.Module):
             attention_norm = lambda h: h  # noqa: E731
         width = c.intermediate_size
         intermediate = dense(c, width, ("embed", "mlp"), "intermediate", c.use_bias,
-                             product_name="ffn_pre")
-        gate = (dense(c, width, ("embed", "mlp"), "gate", c.use_bias, product_name="ffn_pre")
+                             product_name="ffn_pre", fp8=True)
+        gate = (dense(c, width, ("embed", "mlp"), "gate", c.use_bias, product_name="ffn_pre",
+                      fp8=True)
                 if c.ffn_type != "dense" else None)
-        output = dense(c, c.hidden_size, ("mlp", "embed"), "output", c.use_bias, "out")
+        output = dense(c, c.hidden_size, ("mlp", "embed"), "output", c.use_bias, "out",
+                       fp8=True)
         output_norm = layer_norm(c, "output_norm", "norm_stats")
         act = activation(c.hidden_act)
 
@@ -119,7 +122,7 @@ class BertLayer(nn.Module):
         # "gelu" without remat, "gelu_matmul" (the second product included, the GELU output
         # recomputed in that kernel) under remat.
         kernel = (gelu_ops.path(c.gelu_backward, platform(), c.compute_dtype, c.hidden_act,
-                                c.remat) if gate is None and c.use_bias else None)
+                                c.remat, fp8=c.fp8) if gate is None and c.use_bias else None)
 
         def ffn(h, product_only=False):
             if kernel == "gelu_matmul":
@@ -217,7 +220,8 @@ class BertEncoder(nn.Module):
             length = c.num_hidden_layers - first
             stack = nn.scan(
                 layer_cls,
-                variable_axes={"params": 0},
+                # each layer's FP8 scaling state stacked as its params are
+                variable_axes={"params": 0, fp8_lib.COLLECTION: 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=in_axes,
                 length=length,

@@ -1,6 +1,7 @@
 """Checkpoints of a training run: orbax CheckpointManager under WORKDIR/checkpoints.
 
-    WORKDIR/checkpoints/<step>/state/    params, opt_state, step, rng key (orbax, sharded)
+    WORKDIR/checkpoints/<step>/state/    params, opt_state, step, rng key (orbax, sharded),
+                                         and a model.fp8 run's FP8 scaling state (fp8)
                               /data/     each process's input-iterator state
                                          (bert_jax.data.checkpointing: process_<i>-of-<n>.npz)
                               /config/   the run's config (JSON), for reading back a run
@@ -95,6 +96,8 @@ class Checkpointer:
         self._settle()
         tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state,
                 "rng": jax.random.key_data(rng)}
+        if state.fp8:  # a model.fp8 run (none other has the item: their layout is as it was)
+            tree["fp8"] = state.fp8
         try:
             started = self.manager.save(
                 step,
@@ -197,11 +200,14 @@ class Checkpointer:
         # traced here, not at import: jax.distributed.initialize comes first.
         key_data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
         check_shapes(self.directory, step, abstract_state.params, partial=False,
-                     remedy="resume with the config that wrote it, or use a new --workdir")
+                     remedy="resume with the config that wrote it, or use a new --workdir",
+                     fp8=bool(abstract_state.fp8))
         target = {"step": abstract_state.step, "params": abstract_state.params,
                   "opt_state": abstract_state.opt_state,
                   "rng": jax.ShapeDtypeStruct(key_data.shape, key_data.dtype,
                                               sharding=rng_sharding)}
+        if abstract_state.fp8:
+            target["fp8"] = abstract_state.fp8
         restored = self.manager.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target),
@@ -210,7 +216,7 @@ class Checkpointer:
         self.data_restore = restored["data"]
         tree = restored["state"]
         state = TrainState(step=tree["step"], params=tree["params"],
-                           opt_state=tree["opt_state"])
+                           opt_state=tree["opt_state"], fp8=tree.get("fp8", {}))
         rng = jax.random.wrap_key_data(tree["rng"])
         return state, rng, restored["config"]
 
@@ -250,19 +256,29 @@ class Checkpointer:
 
 
 def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
-                 remedy: str) -> None:
+                 remedy: str, fp8: bool | None = None) -> None:
     """The params saved at `step` have the shapes of `abstract_params` (a tree of
     ShapeDtypeStructs), read from the checkpoint's metadata (no tensor is read); else a
     CheckpointMismatchError naming a differing parameter and both shapes. `partial`: only
-    the parameters of `abstract_params` must be there (a warm start's encoder). A checkpoint
-    whose metadata cannot be read is left to the restore (which reports the damage)."""
+    the parameters of `abstract_params` must be there (a warm start's encoder). `fp8`
+    (a resume): whether the run has FP8 scaling state, which the checkpoint must have
+    too, or not. A checkpoint whose metadata cannot be read is left to the restore (which
+    reports the damage)."""
     manager = reader(directory)
     try:
-        meta = manager.item_metadata(step)["state"]["params"]
+        state = manager.item_metadata(step)["state"]
+        meta = state["params"]
+        saved_fp8 = "fp8" in state
     except Exception:  # noqa: BLE001
         return
     finally:
         manager.close()
+    if fp8 is not None and saved_fp8 != fp8:
+        raise faults.CheckpointMismatchError(
+            f"{directory}/{step} was saved by a run with model.fp8={saved_fp8}, and this one "
+            f"has model.fp8={fp8}: the FP8 scaling state is part of a run's state; resume "
+            f"with --config.model.fp8={saved_fp8}, or start a new --workdir from its params "
+            f"(--config.train.init_checkpoint={directory})")
     saved = {k: tuple(v.shape) for k, v in flax.traverse_util.flatten_dict(
         plain(meta)).items() if hasattr(v, "shape")}
     if not saved:  # metadata without shapes (another writer): nothing to compare

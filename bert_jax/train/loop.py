@@ -206,9 +206,9 @@ class _Run:
         self.ckpt_every = checkpoint_every(config)  # 0: at the end only
         # The attention path each step will take on these devices (an explicit choice that
         # cannot run here fails now, naming model.attention).
+        self.platform = platform_name(self.mesh.devices.flat[0].platform)
         self.kernels = attention_ops.describe(
-            task.model_config,
-            platform_name(self.mesh.devices.flat[0].platform),
+            task.model_config, self.platform,
             deterministic_training=bool(config.train.deterministic),
             window=task.model_config.layer_window(1))
         self.resumable = bool(saved_steps(self.workdir))
@@ -333,7 +333,8 @@ class _Run:
             self.start = int(jax.device_get(self.state.step))
             n_params = sum(int(np.prod(x.shape))
                            for x in jax.tree_util.tree_leaves(self.state.params))
-            self.info(f"{self.task.title}: model {n_params / 1e6:.2f}M params; mesh "
+            self.info(f"{self.task.title}: model {n_params / 1e6:.2f}M params, "
+                      f"{self.task.model_config.describe_compute(self.platform)}; mesh "
                       f"{dict(self.mesh.shape)}; {jax.device_count()} "
                       f"{jax.devices()[0].platform} devices, {jax.process_count()} "
                       f"process(es); steps {self.start} -> {self.steps}; {self.kernels}")

@@ -89,7 +89,7 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False,
         raise AttentionConfigError(
             f"attention window must be an integer >= 0 (0 = global), got {window!r}")
     dropout = training and config.attention_probs_dropout_prob > 0
-    half = config.dtype in ("bfloat16", "float16")
+    half = config.dtype_for(plat) in ("bfloat16", "float16")
     if impl == "auto":
         if plat == "gpu" and not dropout and half and not packed and not window:
             return "cudnn"
@@ -103,8 +103,8 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False,
                 "(use auto or xla)")
         if not half:
             raise AttentionConfigError(
-                f"model.attention=cudnn needs model.dtype bfloat16 or float16, got "
-                f"{config.dtype!r} (use auto, pallas or xla)")
+                f"model.attention=cudnn needs model.dtype bfloat16 or float16 (or auto on "
+                f"a GPU), got {config.dtype!r} (use auto, pallas or xla)")
         if window:
             raise AttentionConfigError(
                 f"model.attention=cudnn cannot run a sliding-window layer (window {window}): "
