@@ -81,6 +81,7 @@ def _launch(args, workdir: str, env: dict, logs: str, extra: dict) -> list:
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log,
                                        stderr=subprocess.STDOUT), path))
         log.close()
+    _RUNNING[:] = [p for p, _ in procs]
     return procs
 
 
@@ -108,8 +109,20 @@ def _lines_of(kind: str, text: str) -> list[str]:
     return [x for x in text.splitlines() if x.startswith("error: ")]
 
 
+_RUNNING: list = []   # the processes of the launch in flight, ended if the drill stops early
+
+
 def drill(args) -> int:
     """Runs the drill on `args.processes` processes; prints its table; 0 when all is well."""
+    try:
+        return _drill(args)
+    finally:
+        for p in _RUNNING:
+            if p.poll() is None:
+                p.kill()   # its training child follows it (bert_jax.supervise)
+
+
+def _drill(args) -> int:
     from benchmarks.fault_drill import (_checkpoints, _env, _logged, _size, _start_step,
                                         _wait_first_step)
 

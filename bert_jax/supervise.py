@@ -37,8 +37,9 @@ from etils import epath
 
 CHILD = "BERT_JAX_SUPERVISED"     # in the child's environment: its log file
 LOST_EXIT = 1                     # bert_jax.errors.FaultError.exit_code
-# A C++ (absl / glog) log line: severity, date, time, thread, file:line].
-NATIVE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\s\]]+:\d+\]")
+# A C++ (absl / glog) log line: severity, date, time, thread, file:line] (absl's Python
+# logging writes the same prefix with a .py file: those lines are shown).
+NATIVE = re.compile(rb"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\s\]]+\.(?:cc|h|cpp|c):\d+\]")
 # What a native abort writes after its first line (absl's stack, Python's fault dump).
 DYING = (b"*** Check failure stack trace", b"Fatal Python error")
 # jax's distributed client ending this process because the service reported an error.
@@ -120,12 +121,18 @@ def lost_line(peer: Optional[int], count: Optional[int], why: str, workdir: Opti
 
 
 def lost_process(text: bytes) -> tuple[Optional[int], str]:
-    """(the lost process, why) from jax's abort message in `text`."""
-    m = re.search(rb"stopped sending heartbeats\):\s*(?:/job:[\w-]+/(?:replica:\d+/)?task:)?"
-                  rb"(\d+)", text)
-    if m:
-        return int(m.group(1)), "no heartbeat within jax's heartbeat timeout"
-    if re.search(rb"coordination service|leader task", text):
+    """(the lost process, why) from what jax wrote before its abort (`text`): the abort's
+    own status first, then the errors logged before it."""
+    if ENDED_BY_JAX in text:
+        peer, why = lost_process(text[text.rindex(ENDED_BY_JAX) + len(ENDED_BY_JAX):])
+        if peer is not None:
+            return peer, why
+    for pattern in (rb"stopped sending heartbeats\):\s*(?:/job:[\w-]+/(?:replica:\d+/)?"
+                    rb"task:)?(\d+)", rb"Task (\d+) heartbeat timeout"):
+        m = re.search(pattern, text)
+        if m:
+            return int(m.group(1)), "no heartbeat within jax's heartbeat timeout"
+    if re.search(rb"Failed to send RPC to coordination service|leader task|Socket closed", text):
         return 0, "the coordination service it hosts stopped answering"
     return None, "jax's distributed service reported it"
 
@@ -162,19 +169,22 @@ class _Relay:
 
     def _filter(self, chunk: bytes) -> bytes:
         """Whole lines (ending in \\n, or \\r for a progress bar) are decided one by one; a
-        partial line is shown at once unless it could be a native log line's start."""
+        partial line is shown at once unless it could be a native log line's start. A native
+        message's further lines come in the same write as its first: the rest of a chunk
+        after a native line is hidden too, but for this program's own `error:` lines."""
         data = self._pending + chunk
         self._pending = b""
-        shown = []
+        shown, native = [], False
         for piece in re.split(rb"(?<=[\r\n])", data):
             if not piece:
                 continue
             whole = piece.endswith((b"\n", b"\r"))
             if any(d in piece for d in DYING) or piece.startswith(b"F") and NATIVE.match(piece):
                 self.dying = True
+            native = native or bool(NATIVE.match(piece))
             if self.show_all:
                 shown.append(piece)
-            elif self.dying or NATIVE.match(piece):
+            elif self.dying or (native and not piece.startswith(b"error: ")):
                 continue
             elif not whole and re.match(rb"^[IWEF]\d{0,4}( |$)", piece[:6]):
                 self._pending = piece   # wait for its end: a native line, or not
@@ -221,7 +231,7 @@ def run(argv: list[str]) -> int:
     except ValueError:
         name = str(sig)
     if sig == signal.SIGABRT and ENDED_BY_JAX in relay.tail:
-        peer, why = lost_process(relay.tail[relay.tail.rindex(ENDED_BY_JAX):])
+        peer, why = lost_process(relay.tail)
         count = flag(argv, "num_processes")
         line = lost_line(peer, int(count) if count and count.isdigit() else None, why,
                          flag(argv, "workdir"), argv, log=log)

@@ -31,7 +31,9 @@ and gives up as soon as a process has marked that step failed (`save_failed`).
 
 from __future__ import annotations
 
+import atexit
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -94,6 +96,7 @@ class Watchdog:
         self.interval = min(max(self.timeout / 30, 1.0), 5.0)
         self.quick = min(self.timeout, max(5.0, 3 * self.interval))
         self.workdir, self.step, self.verbose = workdir, None, verbose
+        self.leaving = False
         self.error: Optional[BaseException] = None    # what made this process suspect
         self._suspect_until = 0.0   # monotonic time: till then, a peer silent `quick` s is lost
         self._unreachable_since: Optional[float] = None
@@ -104,13 +107,20 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         self._thread.start()
+        # Once the process is leaving (atexit, before jax's own shutdown: they run last
+        # registered first), it goes on beating for the others but judges no one: a peer
+        # may still be finishing, and this process waits for it at jax's shutdown barrier.
+        atexit.register(self.leave)
         return self
+
+    def leave(self) -> None:
+        self.leaving = True
 
     def _run(self) -> None:
         while True:
             time.sleep(self.interval)
             verdict = self.check(time.monotonic())
-            if verdict is not None:
+            if verdict is not None and not self.leaving:
                 self.report(*verdict)
 
     def suspect(self, error: Optional[BaseException] = None) -> None:
@@ -214,17 +224,43 @@ def watch(workdir: Optional[str] = None, step: Optional[int] = None) -> None:
         _WATCHDOG.step = step
 
 
+# How a collective whose peer is gone fails (gloo on CPU, NCCL on GPU), whatever the type
+# jax raises it as.
+COLLECTIVE = re.compile(r"Gloo|NCCL|collective|Connection (?:reset|closed) by peer|heartbeat",
+                        re.I)
+
+
+def collective_failure(error: BaseException) -> bool:
+    """Whether jax's runtime or a collective failed somewhere in `error`'s chain (gloo's
+    "Connection reset by peer" when a peer is gone), even under one of our reports (a save
+    that fails in orbax's collective barrier); a file system's error is not one."""
+    import jax
+
+    seen, e = set(), error
+    while e is not None and id(e) not in seen:
+        if not isinstance(e, (ReportedError, SaveFailedElsewhere)) and not (
+                isinstance(e, OSError) and e.errno):
+            if isinstance(e, jax.errors.JaxRuntimeError) or COLLECTIVE.search(str(e)):
+                return True
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def suspect(error: BaseException) -> None:
-    """Called where an error leaves the loop: if it is not a ReportedError and several
-    processes run, a peer may be lost: the watchdog decides within a few beats."""
-    if _WATCHDOG is not None and not isinstance(error, ReportedError):
+    """Called where an error leaves the loop: if it is not a ReportedError (or jax's runtime
+    failed under it) and several processes run, a peer may be lost: the watchdog decides
+    within a few beats."""
+    if _WATCHDOG is not None and (not isinstance(error, ReportedError)
+                                  or collective_failure(error)):
         _WATCHDOG.suspect(error)
 
 
 def explain(error: BaseException) -> None:
-    """Before an error that is not a ReportedError is shown (a traceback): with several
-    processes, waits for the watchdog to find a lost process (it ends this one with its one
-    line); returns when none is found."""
+    """Before an error is shown that is not a ReportedError (a traceback), or one that jax's
+    runtime failed under: with several processes, waits for the watchdog to find a lost
+    process (it ends this one with its one line); returns when none is found (the error is
+    shown: all processes stop on it alike)."""
     suspect(error)
     if _WATCHDOG is not None and _WATCHDOG.error is error:
         time.sleep(_WATCHDOG.quick + 3 * _WATCHDOG.interval)
@@ -270,6 +306,13 @@ def save_barrier(*, key: str, timeout_ms: int) -> None:
     prefix = f"{BARRIER}{key}/{use}/"
     store.key_value_set(f"{AT}{me}", f"{use}#{key}", allow_overwrite=True)
     store.key_value_set(f"{prefix}{me}", "1")
+    if use >= 2:
+        # The arrival two uses back is no one's any more: a process here has passed the
+        # previous use, which every process reached only after passing that one.
+        try:
+            store.key_value_delete(f"{BARRIER}{key}/{use - 2}/{me}")
+        except Exception:  # noqa: BLE001
+            pass
     commit = any(k in key for k in COMMIT_BARRIERS)
     began = time.monotonic()
     deadline = began + timeout_ms / 1000

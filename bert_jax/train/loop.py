@@ -33,7 +33,7 @@ from bert_jax.errors import FaultError, ReportedError
 from bert_jax.models import attention_ops
 from bert_jax.models.backend import platform_name
 from bert_jax.models.config import ConfigError
-from bert_jax.convert.sources import open_run, saved_steps
+from bert_jax.convert.sources import saved_steps
 from bert_jax.train import checkpoint as ckpt_lib
 from bert_jax.train import console
 from bert_jax.train import coordination
@@ -233,7 +233,8 @@ class _Run:
                               f"to pre-training warm starts, not to {task.title}; extend the "
                               f"model by a pre-training run first")
         if self.resumable:  # the run's own settings, as its checkpoints were trained with
-            self.setting_changes = check_resume_settings(config, task, self.workdir)
+            self.setting_changes = settings.check_resume(
+                config_to_dict(config), getattr(task, "settings", None), self.workdir)
         if task.init_source is not None and not self.resumable:
             # Shapes only, from the source's metadata: before any data is read or compiled.
             warm_start.check_shapes(task.init_source,
@@ -530,26 +531,6 @@ class _Logger:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-
-
-def check_resume_settings(config, task, workdir: str) -> list[str]:
-    """The settings of WORKDIR's latest checkpoint (its config) against the run's
-    (bert_jax.train.settings): a SettingsChangedError before anything is built, unless
-    train.accept_setting_changes; returns the changes accepted. A fine-tuning run's model is
-    its init checkpoint's (the sweep checks that one): only its casing is compared here."""
-    try:
-        saved = open_run(workdir, "WORKDIR").config
-    except Exception:  # noqa: BLE001  (a damaged latest step: the restore skips and names it)
-        return []
-    finetuning = "task" in saved
-    wanted = (settings.run_settings(config_to_dict(config), model=False) if finetuning
-              else getattr(task, "settings", None) or settings.run_settings(
-                  config_to_dict(config)))
-    return settings.check(settings.run_settings(saved, model=not finetuning), wanted,
-                          f"{workdir}: resuming", bool(config.train.get(
-                              "accept_setting_changes", False)),
-                          keys={settings.CASING: "tokenizer.do_lower_case" if finetuning
-                                else "data.do_lower_case"})
 
 
 def _changes(changes: list[str]) -> str:

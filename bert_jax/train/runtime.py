@@ -93,8 +93,8 @@ def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
     With several processes, a process silent for `heartbeat_timeout` seconds is lost: every
     other one prints one line naming it (and the last complete checkpoint in `workdir`) and
     exits 1 (bert_jax.train.coordination; `verbose` adds the traceback of a failed
-    collective). jax's own heartbeat and shutdown timeouts are twice that: they bound every
-    wait for another process, and never end a process before the watchdog's line.
+    collective). jax's own heartbeat timeout is twice that: it never ends a process before
+    the watchdog's line.
 
     On CPU, processes exchange collectives through gloo (jax's default CPU collectives),
     so a multi-process CPU run works on one machine (the tests use it)."""
@@ -111,8 +111,10 @@ def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
     if not heartbeat_timeout > 0:
         raise ConfigError(f"config.train.heartbeat_timeout={heartbeat_timeout}: expected a "
                           f"number of seconds > 0")
+    # jax's shutdown barrier waits at exit for a process still finishing alone (fine-tuning's
+    # best model is written by process 0): at least jax's own default.
     kwargs = dict(heartbeat_timeout_seconds=int(2 * heartbeat_timeout + 1),
-                  shutdown_timeout_seconds=int(2 * heartbeat_timeout + 1))
+                  shutdown_timeout_seconds=max(300, int(2 * heartbeat_timeout + 1)))
     if coordinator_address:
         kwargs.update(coordinator_address=coordinator_address, num_processes=num_processes,
                       process_id=process_id)
