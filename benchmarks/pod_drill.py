@@ -38,8 +38,9 @@ from typing import Optional
 
 KINDS = ("kill", "kill_save", "term", "save_fail")
 CODES = {"kill": 1, "kill_save": 1, "term": 0, "save_fail": 1}
+# A traceback, a native abort's stack, or a native (C++) log line.
 NOISE = re.compile(r"Traceback \(most recent call last\)|Check failure|Fatal Python error|"
-                   r"^[IWEF]\d{4} \d\d:\d\d:\d\d", re.M)
+                   r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ \S+\.(?:cc|h|cpp|c):\d+\]", re.M)
 
 
 @dataclasses.dataclass
@@ -85,16 +86,10 @@ def _launch(args, workdir: str, env: dict, logs: str, extra: dict) -> list:
     return procs
 
 
-def _terminal(text: str) -> str:
-    """The lines a process showed, each as a terminal leaves it (a progress bar's redraws:
-    the last)."""
-    return "\n".join(x for x in (line.split("\r")[-1] for line in text.split("\n"))
-                     if x.strip())
-
-
 def _final_params(workdir: str, step: int) -> list:
     """The params saved at `step`, as host arrays (saved by several processes: read without
     their shardings)."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")  # files only: no accelerator wanted
     from bert_jax.convert.sources import open_run
 
     import jax
@@ -104,9 +99,10 @@ def _final_params(workdir: str, step: int) -> list:
 
 
 def _lines_of(kind: str, text: str) -> list[str]:
-    if kind == "term":
-        return [x for x in text.splitlines() if x.startswith("preempted: ")]
-    return [x for x in text.splitlines() if x.startswith("error: ")]
+    """The fault's lines a process showed (stdout and stderr share the log file, and a
+    progress bar's redraw may follow a line on the same line of the file)."""
+    mark = "preempted: " if kind == "term" else "error: "
+    return [x for x in re.split(r"[\r\n]", text) if x.startswith(mark)]
 
 
 _RUNNING: list = []   # the processes of the launch in flight, ended if the drill stops early
@@ -160,16 +156,16 @@ def _drill(args) -> int:
         start_guess = max(_checkpoints(work)[0], default=0)
         fault = Fault(kind, rng.randrange(args.processes), launch) if kind else None
         extra = {}
-        if kind == "save_fail":
-            fault.since = start_guess + args.every * rng.randint(1, 2)
+        if kind == "save_fail":  # the first or second save of this launch
+            fault.since = (start_guess // args.every + rng.randint(1, 2)) * args.every
             extra = {fault.victim: [f"--debug_fail_save_at_step={fault.since}"]}
         logs = os.path.join(args.workdir, f"launch_{launch}")
         procs = _launch(args, work, env, logs, extra)
         deadline = time.time() + args.timeout
         t_fault = None
         first = _wait_first_step(procs[0][0], work, offset, deadline)
-        if kind in ("kill", "term") and first:
-            time.sleep(rng.uniform(0, 1.5 * args.every * args.step_time))
+        if kind in ("kill", "term") and first:  # within the launch's first two intervals
+            time.sleep(rng.uniform(0.1, 2) * args.every * args.step_time)
         elif kind == "kill_save" and first:
             while time.time() < deadline and all(p.poll() is None for p, _ in procs):
                 tmp = _checkpoints(work)[1]
@@ -201,9 +197,8 @@ def _drill(args) -> int:
             procs[i][0].kill()
             procs[i][0].wait()
         steps = _logged(work, offset)
-        raw = [open(path, errors="replace").read() for _, path in procs]
-        texts = [_terminal(t) for t in raw]
-        start = next((s for s in (_start_step(t) for t in raw) if s is not None), None)
+        texts = [open(path, errors="replace").read() for _, path in procs]
+        start = next((s for s in (_start_step(t) for t in texts) if s is not None), None)
         for f in pending:  # the earlier faults resume here
             f.resumed = start
             if start is not None and start != (f.complete or 0):
@@ -233,10 +228,10 @@ def _drill(args) -> int:
                 fault.problems.append(f"process {i} exited {p.returncode}")
             if seconds is not None and seconds > args.exit_limit:
                 fault.problems.append(f"process {i} took {seconds:.0f} s")
-            if len(lines) != 1 or NOISE.search(texts[i]):
+            if len(lines) != 1 or NOISE.search(texts[i].replace('\r', '\n')):
                 fault.problems.append(f"process {i} showed {len(lines)} line(s)"
                                       + (" and a traceback or native log" if
-                                         NOISE.search(texts[i]) else ""))
+                                         NOISE.search(texts[i].replace('\r', '\n')) else ""))
         if kind == "term":
             said = {re.sub(r"\D+", " ", x).split()[0] for t in texts for x in _lines_of(kind, t)}
             if len(said) != 1:

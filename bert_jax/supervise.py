@@ -8,12 +8,13 @@ Why a parent: when the process hosting jax's coordination service (process 0) di
 jax's own heartbeat gives a process up, jax's distributed client ends every other process at
 once with a C++ check failure, its stack and Python's fault dump (SIGABRT); nothing in the
 process can stop that or print a line first. The parent runs the same command as its child
-(CHILD set in its environment), passes SIGTERM, SIGINT and SIGHUP on to it, and dies with it
-(the child gets SIGKILL if the parent is killed). The child's stderr goes to a log file
-whole and to the terminal without the C++ log lines and what follows a fatal one (with
---verbose: everything). A child ended by that abort becomes one line naming the lost process
-(`lost_line`: the last complete checkpoint on disk, the command that resumes) and exit code
-1; another signal, one line and 128 + the signal. stdout is the child's own.
+(CHILD set in its environment), passes SIGTERM and SIGHUP on to it (Ctrl-C reaches it from
+the terminal), and dies with it (the child gets SIGKILL if the parent is killed). The
+child's stderr (and its stdout, when both go to one place: in the order written) goes to a
+log file whole, and to the terminal without C++ log lines and what follows a fatal one
+(with --verbose: everything). A child ended by that abort becomes one line naming the lost
+process (`lost_line`: the last complete checkpoint on disk, the command that resumes) and
+exit code 1; another signal, one line and 128 + the signal.
 
 The lost process's line, when the child can still print it (a process silent for its
 heartbeat timeout, a collective that fails), comes from the child itself
@@ -208,14 +209,20 @@ def run(argv: list[str]) -> int:
 
     show_all = (flag(argv, "verbose") not in (None, "false", "False", "0")
                 or "--verbose" in argv[1:])
+    # stdout and stderr going to one place (a terminal, `> log 2>&1`): the child's both
+    # through the one pipe, in the order it wrote them (a progress bar on stderr is cleared
+    # before a line on stdout and drawn again after it); else its stdout is its own.
+    read, write = os.pipe()
     with open(log, "ab") as log_file:
         child = subprocess.Popen([sys.executable] + list(argv), env=env,
-                                 stderr=subprocess.PIPE, preexec_fn=die_with_parent)
+                                 stdout=write if _same_file(1, 2) else None, stderr=write,
+                                 preexec_fn=die_with_parent)
+        os.close(write)
         for sig in (signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, lambda s, f: child.send_signal(s))
         # Ctrl-C reaches the child from the terminal itself (its process group).
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        relay = _Relay(child.stderr.fileno(), log_file, show_all)
+        relay = _Relay(read, log_file, show_all)
         while True:
             try:
                 code = child.wait()
@@ -239,6 +246,14 @@ def run(argv: list[str]) -> int:
         return LOST_EXIT
     _say(f"error: the training process ended on signal {name} (details: {log})")
     return 128 + sig
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def _say(line: str) -> None:

@@ -318,13 +318,13 @@ def save_barrier(*, key: str, timeout_ms: int) -> None:
     deadline = began + timeout_ms / 1000
     pause = 0.005
     while True:
-        arrived = {int(k.rsplit("/", 1)[1]) for k, _ in store.key_value_dir_get(prefix)}
+        arrived = _arrivals(store, prefix)
         if len(arrived) >= count:
             return
         if _WATCHDOG is not None and time.monotonic() - began > _WATCHDOG.quick:
             _WATCHDOG.suspect()  # a missing process that has also stopped beating is lost
         if commit:
-            failed = _failed_elsewhere(store, key, set(range(count)) - arrived)
+            failed = _failed_elsewhere(store, key, prefix, set(range(count)) - arrived)
             if failed is not None:
                 raise SaveFailedElsewhere(_step_of(key), failed)
         if time.monotonic() > deadline:
@@ -334,7 +334,11 @@ def save_barrier(*, key: str, timeout_ms: int) -> None:
         pause = min(pause * 2, 0.2)
 
 
-def _failed_elsewhere(store, key: str, missing: set[int]) -> Optional[int]:
+def _arrivals(store, prefix: str) -> set[int]:
+    return {int(k.rsplit("/", 1)[1]) for k, _ in store.key_value_dir_get(prefix)}
+
+
+def _failed_elsewhere(store, key: str, prefix: str, missing: set[int]) -> Optional[int]:
     """A process of `missing` whose part of the save of `key`'s step failed, or None."""
     step = _step_of(key)
     marked = _get(store, f"{SAVE_FAILED}{step}") if step is not None else None
@@ -349,7 +353,9 @@ def _failed_elsewhere(store, key: str, missing: set[int]) -> Optional[int]:
             mine = _USES.get(other, 0)
         # p waits at the use-th use of `other`; this process has used it `mine` times so
         # far: p is past this barrier if its use of `other` is one this process has not
-        # made yet (another commit barrier in flight is not such a proof).
-        if other != key and not any(k in other for k in COMMIT_BARRIERS) and int(use) >= mine:
+        # made yet (another commit barrier in flight is not such a proof), and if it is still
+        # missing here once its place is read (one that passed wrote its arrival first).
+        if (other != key and not any(k in other for k in COMMIT_BARRIERS) and int(use) >= mine
+                and p not in _arrivals(store, prefix)):
             return p
     return None
