@@ -14,19 +14,20 @@ then the distributed client ends every other process with a C++ check failure an
 set from Python. So each process also increments its own counter in the store every
 `interval` seconds (a daemon thread, `Watchdog`). A peer whose counter has not moved for
 `timeout` seconds is lost, and so is process 0 when the store cannot be reached for as
-long; this process then prints one line (supervise.lost_line: the process, the step, the last
-complete checkpoint on disk, the command that resumes), writes what it knows to its log
-file (bert_jax.supervise) and leaves at once with exit code 1 (`os._exit`: the distributed shutdown would wait for the
-lost process, then abort). jax's heartbeat timeout is set to twice ours, so its abort never
-comes first (when process 0 itself is lost, the client's abort comes at once: the
-supervising parent, bert_jax.supervise, turns it into the same line). A collective that
-fails (gloo reports a peer's closed connection at once) makes the wait a few beats
-(`suspect`, `explain`).
+long; this process then prints one line (supervise.lost_line: the process, the step, the
+last complete checkpoint on disk, the command that resumes), writes what it knows to its
+log file (bert_jax.supervise) and leaves at once with exit code 1 (`os._exit`: the
+distributed shutdown would wait for the lost process, then abort). jax's heartbeat timeout
+is set to twice ours, so its abort never comes first (when process 0 itself is lost, the
+client's abort comes at once: the supervising parent, bert_jax.supervise, turns it into the
+same line). A collective that fails (gloo reports a peer's closed connection at once), or a
+save barrier that waits long, makes the wait a few beats (`suspect`, `explain`).
 
 A failed save. orbax ends each save's background thread at two barriers of every process
 (`async_write_complete`, `async_commit_complete`); when one process's writes fail, the
 others would wait there until orbax's timeout. `save_barrier` waits on the store instead,
-and gives up as soon as a process has marked that step failed (`save_failed`).
+and gives up as soon as a process has marked that step failed (`save_failed`) or has gone
+past the barrier without arriving (its save failed in the background).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def test_collective_failures_are_told_from_our_reports():
         try:
             try:
                 raise cause
-            except Exception as e:  # noqa: BLE001
+            except Exception:  # noqa: BLE001
                 raise CheckpointSaveError("checkpoint at step 10 failed: ...") from None
         except CheckpointSaveError as e:
             return e

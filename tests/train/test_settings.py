@@ -62,8 +62,8 @@ def test_a_warm_start_with_other_settings_stops_naming_each(tmp_path, monkeypatc
 
 def test_a_resume_with_other_settings_stops_before_restoring(tmp_path, monkeypatch):
     config = tiny_config()
-    pieces = state_lib.TrainState(step=jnp.asarray(5, jnp.int32), params={"bert": {"w": np.zeros(2)}},
-                                  opt_state={})
+    pieces = state_lib.TrainState(step=jnp.asarray(5, jnp.int32),
+                                  params={"bert": {"w": np.zeros(2)}}, opt_state={})
     saver = ckpt_lib.Checkpointer(str(tmp_path), every=1)
     saver.save(pieces, jax.random.key(0), MemorySource(8), loop.config_to_dict(config),
                force=True)
