@@ -26,7 +26,7 @@ from tests.train.common import MemorySource, tiny_config
 def _hf_dir(path, config) -> str:
     """A Hugging Face folder as far as a warm start's check reads it: its config.json."""
     path.mkdir()
-    (path / "config.json").write_text(json.dumps(hf.config_to_hf(from_config_dict(config.model))))
+    (path / "config.json").write_text(json.dumps(hf.BERT.config_to(from_config_dict(config.model), {})))
     return str(path)
 
 
