@@ -136,17 +136,6 @@ def checkpoint_config(**overrides) -> ml_collections.ConfigDict:
     return c
 
 
-def checkpoint_every(config) -> int:
-    """config.checkpoint.every as the loop reads it: N > 0 saves every N steps, 0 saves at
-    the end only (a SIGTERM saves in either case); a negative value is a ConfigError (a run
-    that never saves could not resume)."""
-    every = int(config.checkpoint.every)
-    if every < 0:
-        raise ConfigError(f"config.checkpoint.every={every}: expected N > 0 (save every N "
-                          f"steps and at the end) or 0 (save at the end only)")
-    return every
-
-
 def add_training_sections(config: ml_collections.ConfigDict, *, optimizer=None, schedule=None,
                           train=None, mesh=None, checkpoint=None) -> ml_collections.ConfigDict:
     """Adds the five shared sections (each from the dict of overrides given) to `config`."""
