@@ -176,7 +176,7 @@ def run_config(config, lr: float, seed: int):
 def _sweep(config, checked, workdir, task, labeled, vocab, progress, after_step) -> dict:
     is_main = jax.process_index() == 0
     plan = plan_of(config)
-    record = task_record(config, task)  # best_model/task.json, and each run's
+    heads = task_record(config, task)  # best_model/task.json, and each run's
     runs = finished_runs(workdir, plan)
     if runs and is_main:
         print(f"{workdir}: {len(runs)} of {len(plan)} runs already done", flush=True)
@@ -189,7 +189,7 @@ def _sweep(config, checked, workdir, task, labeled, vocab, progress, after_step)
         task.title = f"{kind} run {i} (seed {seed}, lr {lr:g})"
         if jax.process_index() == 0:  # what the run's heads are, for the exporters
             paths.makedirs(run_dir)
-            model_dir.write_task(run_dir, record)
+            model_dir.write_task(run_dir, heads)
         outcome = loop.train(run_config(config, lr, seed), run_dir, task, checked=checked,
                              programs=programs.get(lr), progress=progress,
                              after_step=after_step)
@@ -203,7 +203,7 @@ def _sweep(config, checked, workdir, task, labeled, vocab, progress, after_step)
         best_so_far = all(score > x["results"][main_set].get(key, float("nan"))
                           for x in runs[:-1])
         if best_so_far and config.sweep.save_best_model:
-            _save_best(workdir, outcome.params, task.model_config, vocab, record)
+            _save_best(workdir, outcome.params, task.model_config, vocab, heads)
         if is_main:
             record = {"run": i, "seed": seed, "lr": lr}
             record.update({f"{name}/{k}": v for name, m in results.items()

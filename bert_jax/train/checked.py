@@ -25,7 +25,6 @@ import numpy as np
 
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
-from bert_jax.data import device as data_device
 from bert_jax.models.config import ConfigError
 from bert_jax.train.config import check_sections
 from bert_jax.train.warm_start import Resize
@@ -64,8 +63,8 @@ def check(config) -> Checked:
     optim.warmup_steps(config.schedule, 1)  # a warmup_ratio out of [0, 1]
     mesh = sharding_lib.make_mesh(config.mesh)
     rules = sharding_lib.rules_from_config(config.mesh)
-    batch_sharding = data_device.batch_sharding(mesh, rules)
-    shards = int(np.prod([mesh.shape[a] for a in data_device.batch_mesh_axes(mesh, rules)]))
+    batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+    shards = int(np.prod([mesh.shape[a] for a in sharding_lib.batch_mesh_axes(mesh, rules)]))
     sizes = {"batch_size": int(config.train.batch_size) // accum, "eval_batch_size": eval_rows}
     for key, size in sizes.items():
         if size % shards:
