@@ -264,14 +264,12 @@ def summarize(runs: list[dict], labeled: list[str], key: str) -> dict:
     return summary
 
 
-def task_record(config, task=None) -> dict:
+def task_record(config, task) -> dict:
     """What best_model/task.json records (model_dir.task_record): the task kind, the class
     names in the order of the head's outputs (sentence and token classifiers; None for a
     regression) and the tokenizer's casing, so that an export needs no flags. `task`:
-    config's task object (made from config when not given; nothing is read)."""
+    config's task object."""
     kind = str(config.task.kind)
-    if task is None:
-        task = task_from_config(config)
     labels = getattr(task, "labels", None) if kind in ("glue", "ner") else None
     return model_dir.task_record(kind, labels, bool(config.tokenizer.do_lower_case),
                                  name=str(config.task.get("name", "") or ""))

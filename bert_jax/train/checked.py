@@ -5,7 +5,7 @@
 
 `check` refuses what fails without data or a model (the shared sections' keys, the
 checkpoint interval and timeouts, the warm start's resize rules and init_state, the
-micro-batches, a fine-tuning config's evaluation and init_state, the optimizer, the warmup
+micro-batches, the steps or epochs, a fine-tuning config's evaluation and init_state, the optimizer, the warmup
 ratio, the mesh, and the batch sizes against the mesh's batch shards). It hands back what
 later stages take instead of reading and checking the raw config again: the mesh and its
 rules, the batch's and the replicated sharding, the checkpoint interval, the micro-batches
@@ -26,7 +26,7 @@ import numpy as np
 from bert_jax import optim
 from bert_jax import sharding as sharding_lib
 from bert_jax.models.config import ConfigError
-from bert_jax.train.config import check_sections
+from bert_jax.train.config import check_sections, check_steps
 from bert_jax.train.warm_start import Resize
 
 
@@ -81,8 +81,8 @@ def check(config) -> Checked:
 
 def _check_keys(config) -> tuple[int, Resize, int, int]:
     """The checks of the config's own keys: the sections' names, checkpoint.every, the
-    timeouts, the warm start's rules, the batch's micro-batches and a fine-tuning config's
-    evaluation. Returns (checkpoint_every, resize, accum_steps, eval_batch_size)."""
+    timeouts, the warm start's rules, the batch's micro-batches, the steps (or epochs) and a
+    fine-tuning config's evaluation. Returns (checkpoint_every, resize, accum_steps, eval_batch_size)."""
     check_sections(config)
     every = int(config.checkpoint.every)
     if every < 0:
@@ -105,7 +105,10 @@ def _check_keys(config) -> tuple[int, Resize, int, int]:
     if batch_size % accum:
         raise ConfigError(f"config.train.batch_size={batch_size} is not divisible by "
                           f"config.train.accum_steps={accum}")
-    if "task" in config:  # a fine-tuning config (launch/train.py tells them apart so)
+    finetuning = "task" in config  # launch/train.py tells the two apart so
+    if config.train.do_train:  # (predicting trains no step)
+        check_steps(config, finite=finetuning)  # fine-tuning's epochs count its training set
+    if finetuning:
         if int(config.train.eval_steps) >= 0:
             raise ConfigError(f"config.train.eval_steps={config.train.eval_steps}: "
                               f"fine-tuning scores every example of its eval sets; leave it "

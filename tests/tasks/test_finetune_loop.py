@@ -109,6 +109,19 @@ def test_keys_a_fine_tuning_run_cannot_use_are_errors_before_any_data(key, value
     assert not (tmp_path / "run").exists()
 
 
+def test_no_steps_and_no_epochs_is_an_error_before_any_data(tmp_path):
+    """train.steps <= 0 with no epochs: named when the config is checked, before the task's
+    files are read and tokenized (task.data_dir does not exist)."""
+    from bert_jax.models.config import ConfigError
+
+    config = tiny_pairs_config()
+    config.train.steps, config.train.epochs = 0, 0.0
+    config.task.data_dir = str(tmp_path / "no_such_dir")
+    with pytest.raises(ConfigError, match=r"config.train.steps=0 and train.epochs=0.0: set "
+                                          r"train.steps > 0 or train.epochs > 0$"):
+        finetune.run(config, str(tmp_path / "run"), progress=False)
+
+
 def test_a_sweep_checks_its_config_once(monkeypatch, tmp_path):
     """finetune.run checks the config once (bert_jax/train/checked.py) and hands every run of
     the sweep the same Checked; the runs differ in schedule.lr and train.seed only. The loop
