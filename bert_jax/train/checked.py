@@ -5,8 +5,9 @@
 
 `check` refuses what fails without data or a model (the shared sections' keys, the
 checkpoint interval and timeouts, the warm start's resize rules and init_state, the
-micro-batches, the steps or epochs, a fine-tuning config's evaluation and init_state, the optimizer, the warmup
-ratio, the mesh, and the batch sizes against the mesh's batch shards). It hands back what
+micro-batches, the steps or epochs, a fine-tuning config's evaluation and init_state, the
+optimizer, the warmup ratio, the mesh, and the batch sizes against the mesh's batch
+shards). It hands back what
 later stages take instead of reading and checking the raw config again: the mesh and its
 rules, the batch's and the replicated sharding, the checkpoint interval, the micro-batches
 and the resize rules.
@@ -82,7 +83,8 @@ def check(config) -> Checked:
 def _check_keys(config) -> tuple[int, Resize, int, int]:
     """The checks of the config's own keys: the sections' names, checkpoint.every, the
     timeouts, the warm start's rules, the batch's micro-batches, the steps (or epochs) and a
-    fine-tuning config's evaluation. Returns (checkpoint_every, resize, accum_steps, eval_batch_size)."""
+    fine-tuning config's evaluation. Returns (checkpoint_every, resize, accum_steps,
+    eval_batch_size)."""
     check_sections(config)
     every = int(config.checkpoint.every)
     if every < 0:
