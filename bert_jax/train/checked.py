@@ -36,22 +36,20 @@ class Checked:
     """What a checked config gives the run.
 
     mesh: the `jax.sharding.Mesh` (data, fsdp, tensor) of config.mesh; rules: its logical
-    axis rules; batch_sharding: a batch array's NamedSharding (dimension 0 over the
-    `batch_shards` shards of the "batch" axis); replicated: a NamedSharding on every
-    device (scalars, the RNG key); checkpoint_every: N > 0 saves every N steps
-    and at the end, 0 at the end only; accum_steps: micro-batches per optimizer step
-    (train.batch_size / accum_steps rows each); eval_batch_size: global rows of an eval
-    batch; resize: train.init_extend_positions / init_extend_vocab's rules (no vocabulary:
-    a pre-training task adds its own)."""
+    axis rules; batch_sharding: a batch array's NamedSharding (dimension 0 over the mesh
+    axes the rules give "batch"); replicated: a NamedSharding on every device (scalars, the
+    RNG key); checkpoint_every: N > 0 saves every N steps and at the end, 0 at the end only;
+    accum_steps: micro-batches per optimizer step (train.batch_size / accum_steps rows
+    each; those rows and an eval batch's divide into the batch's shards); resize:
+    train.init_extend_positions / init_extend_vocab's rules (no vocabulary: a pre-training
+    task adds its own)."""
 
     mesh: Any
     rules: Any
     batch_sharding: Any
     replicated: Any
-    batch_shards: int
     checkpoint_every: int
     accum_steps: int
-    eval_batch_size: int
     resize: Resize
 
 
@@ -75,9 +73,8 @@ def check(config) -> Checked:
             raise ConfigError(f"{what} is not divisible by the {shards} batch shards of "
                               f"mesh {dict(mesh.shape)}")
     return Checked(mesh=mesh, rules=rules, batch_sharding=batch_sharding,
-                   replicated=sharding_lib.replicated(mesh), batch_shards=shards,
-                   checkpoint_every=every, accum_steps=accum, eval_batch_size=eval_rows,
-                   resize=resize)
+                   replicated=sharding_lib.replicated(mesh), checkpoint_every=every,
+                   accum_steps=accum, resize=resize)
 
 
 def _check_keys(config) -> tuple[int, Resize, int, int]:

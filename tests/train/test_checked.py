@@ -22,8 +22,7 @@ def test_the_values_a_checked_config_gives():
     assert dict(c.mesh.shape) == {"data": n, "fsdp": 1, "tensor": 1}
     assert c.batch_sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"))
     assert c.replicated.spec == jax.sharding.PartitionSpec()
-    assert (c.batch_shards, c.checkpoint_every, c.accum_steps, c.eval_batch_size) == (
-        n, 0, 2, 8)   # eval_batch_size 0: the training batch
+    assert (c.checkpoint_every, c.accum_steps) == (0, 2)
     assert (c.resize.positions, c.resize.vocab, c.resize.active) == ("repeat", "", True)
     assert [tuple(r) for r in c.rules][0][0] == "batch"
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -37,7 +36,6 @@ def test_batch_rules_decide_the_batch_shards():
     config.mesh.rules = [["batch", None] if r[0] == "batch" else r for r in config.mesh.rules]
     c = check(config)
     assert c.batch_sharding.spec == jax.sharding.PartitionSpec(None)
-    assert c.batch_shards == 1
 
 
 @pytest.mark.parametrize("key, value, message", [
