@@ -64,13 +64,13 @@ def predict(config, checked: Checked, workdir: str, task, tokenizer, bert_config
     # The params' shapes do not depend on the sequence length: the checkpoint is checked
     # before any eval data is read or tokenised.
     task.prepare(config, bert_config, None, [], source)
-    programs = loop.build(config, task, checked, steps=1)  # its eval step only
-    check_task_params(source, programs.abstract.params, task_name)
+    programs = loop.build_eval(task, checked)  # no optimizer, no train step
+    check_task_params(source, programs.abstract_params, task_name)
     task.eval_data = task.eval_sets(tokenizer)
     if not task.eval_data:
         raise ConfigError("train.do_train=False: the task has no eval set to predict")
-    params = place_numpy(numpy_params(source, programs.abstract.params),
-                         programs.abstract.params, programs.shardings.params)
+    params = place_numpy(numpy_params(source, programs.abstract_params),
+                         programs.abstract_params, programs.param_shardings)
     scalars = loop.evaluate_params(config, workdir, task, params, programs, checked)
     if jax.process_index() == 0:
         for e in task.eval_data:

@@ -78,6 +78,17 @@ class Programs:
     compiled: Any = None
 
 
+@dataclasses.dataclass
+class EvalPrograms:
+    """What evaluating given params builds (predicting with a fine-tuned model): the params'
+    abstract tree (ShapeDtypeStructs) and shardings, the jitted eval step; no optimizer
+    state and no train step."""
+
+    abstract_params: Any
+    param_shardings: Any
+    eval_fn: Any
+
+
 def config_to_dict(config) -> dict:
     return json.loads(config.to_json_best_effort())
 
@@ -108,10 +119,19 @@ def build(config, task, checked: Checked, steps: int) -> Programs:
     return Programs(tx, schedule, abstract, shardings, train_fn, eval_fn)
 
 
-def evaluate_params(config, workdir: str, task, params, programs: Programs,
+def build_eval(task, checked: Checked) -> EvalPrograms:
+    """The eval step alone, on the checked config's mesh: `build` less the optimizer, the
+    optimizer state's abstract tree and the train step."""
+    abstract, shardings = state_lib.params_shardings(task.model, checked.mesh, checked.rules,
+                                                     task.init_inputs())
+    eval_fn = step_lib.jit_eval_step(task, shardings, checked.batch_sharding, checked.rules)
+    return EvalPrograms(abstract, shardings, eval_fn)
+
+
+def evaluate_params(config, workdir: str, task, params, programs: EvalPrograms,
                     checked: Checked) -> dict:
-    """task.evaluate of `params` (placed on programs.shardings) as at step 0, its scalars
-    written to WORKDIR/metrics.jsonl (predicting with a fine-tuned model)."""
+    """task.evaluate of `params` (placed on programs.param_shardings) as at step 0, its
+    scalars written to WORKDIR/metrics.jsonl (predicting with a fine-tuned model)."""
     sharding = checked.batch_sharding
 
     def run(batch):
