@@ -2,26 +2,35 @@ r"""bert_jax's pre-training step against Hugging Face PyTorch's on the same GPU,
 profile of our step, in one report.
 
     pip install "jax[cuda12]" flax optax orbax-checkpoint ml_collections torch transformers
-    python benchmarks/gpu_suite.py          # report under $OUT, else /tmp/gpu_suite
+    python benchmarks/gpu_suite.py --part=1     # report under $OUT, else /tmp/gpu_suite
+    python benchmarks/gpu_suite.py --part=2     # (another $OUT or --out)
     python benchmarks/gpu_suite.py --smoke --out=/tmp/smoke   # CPU, tiny sizes, minutes
 
 Run it from the repository's root on a machine with one or more NVIDIA GPUs (bert_jax runs
-from the checkout; TensorFlow is not needed). It measures three cases (base128, large128,
-large512), each in its own process: bert_jax's step and its variants, HF torch eager, and
-torch.compile for --compile_cases. Then it prints one table of step times, sequences per
-second, MFU and the bert_jax / torch ratios, and the top kernels of a traced bert_jax step.
+from the checkout; TensorFlow is not needed). It measures four cases, each measurement in
+its own process: BERT-Base 256 x 128 (base128), BERT-Large 256 x 128 (large128) and 32 x
+512 (large512), and BERT-Large on 32 x 512 rows packed with the held-out sample's
+sequences (packed512, real tokens a second). Per case: bert_jax's default row, then HF
+torch eager and torch.compile, then the variants (FP8: `fp8=true`, the config's
+model.fp8). Every row says how long its process took to its first step (init + compile).
+Then one table of step times, sequences and real tokens a second, MFU and the bert_jax /
+torch ratios, and the top kernels of a traced bert_jax step.
 
-A whole run takes several minutes on a current data-center GPU. If your job runner limits a
-command's time, run back-to-back calls, each with --deadline_s a little under the limit and
-one or two cases, e.g.
-    --cases=base128 --compile_cases=          (profile, variants, eager torch)
-    --cases=large128 --profile_case= --skip_check      (remat=none row, torch.compile)
-    --cases=large512 --profile_case= --compile_cases= --skip_check
-
-On an H200 a BERT-Base row takes about 60 s of its child's time (26 s of it compiling), a
-BERT-Large row about 115 s, a torch eager row about 20 s, the kernel check 35 s (measured
-before it also checked the residual + LayerNorm and GELU kernels: allow a minute): a
-15-minute device budget holds about ten rows (benchmarks/RESULTS.md).
+The default run is two back-to-back calls of under 10 minutes each (--part=1, --part=2;
+each stops starting measurements at 560 s, --deadline_s, and prints its table). The
+estimate, from the H200 figures of benchmarks/RESULTS.md (a BERT-Base row about 60 s of
+its child's time, 26 s of it compiling; a BERT-Large row about 115 s; a torch eager row
+about 20 s; the kernel check about a minute) and two guesses (the version probe 10 s; a
+torch.compile row its eager row plus 70 s of compiling for Base, 130 s for Large, twice
+the layers, never yet measured):
+    part 1: probe 10 + check 60 + base128 (bert_jax 65 traced, eager 20, compile 90)
+            + large128 (bert_jax 115, eager 25, compile 150) = 535 s; large128 FP8 only
+            with time left.
+    part 2: probe 10 + large512 (bert_jax 115, eager 25, compile 150, FP8 115)
+            + packed512 115 = 530 s; packed512 FP8 only with time left.
+The rows' first-step times of the first run replace the guesses. Without --part one run
+takes them all (about 18 minutes). Other splits: --cases, --variants ('extra': the older
+variant rows), --compile_cases, --profile_case, --skip_check, --deadline_s.
 
 With device time left after the suite, run benchmarks/attention_sweep.py (a few minutes):
 the attention kernels alone, the Pallas tilings against cuDNN and torch's SDPA.

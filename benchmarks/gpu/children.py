@@ -29,7 +29,9 @@ VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "torch", "tra
 
 def run_child(spec: dict) -> None:
     """Runs the child of `spec["kind"]` and prints its result line (with its one-line error
-    when it raised, and the TensorFlow modules it loaded)."""
+    when it raised, and the TensorFlow modules it loaded). spec["t0"] is the child's start,
+    before it imports jax or torch: the children time their first step from it."""
+    spec["t0"] = time.perf_counter()
     from . import jax_child, kernel_check, torch_child
 
     fn = {"info": child_info, "jax": jax_child.run, "torch": torch_child.run,
@@ -51,10 +53,21 @@ def tf_modules() -> list:
 
 def case_config(spec: dict):
     """The case's config (locked as load_config leaves it), smoke-shrunk, with the
-    variant's model overrides applied."""
+    variant's model overrides applied. An override of a key that is neither in the config's
+    model section nor a BertConfig field raises ConfigError: unknown keys never run
+    silently as the default (model.fp8 before the checkout has the FP8 option)."""
+    import dataclasses
+
+    from bert_jax.models import BertConfig, ConfigError
     from bert_jax.train.config import load_config
 
     config = load_config(spec["config"])
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    unknown = [k for k in spec.get("overrides", {}) if k not in config.model and k not in fields]
+    if unknown:
+        raise ConfigError(f"model.{unknown[0]} is neither a key of {spec['config']}'s model "
+                          f"section nor a BertConfig field in this checkout: the variant "
+                          f"cannot run here")
     if spec.get("smoke"):
         real = config
         config = load_config(SMOKE_CONFIG)

@@ -15,8 +15,12 @@ CASES = {  # name: (config file, batch, seq)
     "base128": ("configs/bert_base.py", 256, 128),
     "large128": ("configs/bert_large.py", 256, 128),
     "large512": ("configs/bert_large.py", 32, 512),
+    "packed512": ("configs/bert_large.py", 32, 512),
 }
-SMOKE_SHAPES = {"base128": (4, 32), "large128": (4, 32), "large512": (2, 64)}
+# Cases of packed rows (packed.py): name -> K, the most sequences a row holds.
+PACKED = {"packed512": 3}
+SMOKE_SHAPES = {"base128": (4, 32), "large128": (4, 32), "large512": (2, 64),
+                "packed512": (2, 512)}
 SMOKE_CONFIG = "configs/bert_tiny.py"
 GIB = 1024 ** 3
 
