@@ -1,33 +1,39 @@
-r"""The attention kernels alone, fwd and fwd+bwd, at the suite's shapes: the Pallas kernel's
-tilings swept against cuDNN, the XLA path and PyTorch's SDPA on the same GPU, in one short
-run. What to run in a GPU session after benchmarks/gpu_suite.py, whose profile puts the
-Pallas backward kernel first (H200, BERT-Base 256 x 128: 8.6 of 53 ms of kernels, 4.8x its
-forward kernel; benchmarks/RESULTS.md).
+r"""The attention candidates alone, forward + backward, at BERT-Base and BERT-Large shapes: the
+instrument that decides which path `model.attention=auto` should take on a GPU. One call fits
+about 3 minutes on an H200 (`--deadline_s`, default 170: later rows are skipped, the table and
+the rule's verdict still printed).
 
-    python benchmarks/attention_sweep.py                     # all shapes; figures under $OUT
-    python benchmarks/attention_sweep.py --shapes=base128 --deadline_s=240
+    python benchmarks/attention_sweep.py                        # figures under $OUT
+    python benchmarks/attention_sweep.py --shapes=base128 --torch
     python benchmarks/attention_sweep.py --smoke --out=/tmp/sweep   # CPU (interpret mode)
 
-Each shape ([batch, length, heads, head_dim] of a suite case; every row full length, as the
-suite's synthetic batches) runs the model's own call, attention_ops.fused("pallas", ...)
-with the per-head Q/K/V biases inside the kernel and the hash dropout at 0.1, for:
-  - the default tiling, then a coordinate sweep of the six model.pallas_* options (one
-    option at a time over its values, keeping the best so far by fwd+bwd time; two passes);
-  - the Pallas default without dropout and cuDNN (no dropout: cuDNN has none), on equal
-    terms;
-  - the XLA path (model.attention=xla) with the same dropout;
-  - torch.nn.functional.scaled_dot_product_attention, bf16, dropout 0.1 and 0, with the
-    [batch, 1, 1, length] additive mask Hugging Face's BERT passes (torch picks its
-    memory-efficient kernel) and without a mask (its flash kernel), when torch and CUDA
-    are there.
-Timing: jit, `--warmup` calls, then the median over `--repeats` of `--iters` calls each
-(jax.block_until_ready / torch.cuda.synchronize around each repeat). TFLOP/s counts
-4 b h n^2 d for the forward and 10 b h n^2 d for the backward (FlashAttention-2's count:
-its recomputed scores included), whatever a path actually computes.
+Shapes ([batch, length, heads, head_dim] of the GPU suite's cases): base128, large128,
+base512, large512; each with two layouts of its rows: "padded" (BERT's rows: 90% full, the
+rest cut at a length drawn from [length / 8, length), padding at the end; a <bool> key mask)
+and "packed" (three sequences a row then padding, data_prep --pack's layout; <int32>
+sequence ids). Every candidate is the model's own call, attention_ops.fused(...) (the XLA
+path as attention.py calls it), bf16, with the Q/K/V biases:
+  xla           the reference, hash dropout 0.1;
+  pallas        our kernel, hash dropout 0.1 inside: the default tiling, then (padded rows
+                of the shapes in TILED) the tilings of TILINGS, model.pallas_* options;
+  pallas 0      the default tiling without dropout: what the hash costs;
+  cudnn 0       cuDNN without dropout (what `auto` takes for evaluation today);
+  cudnn 0.1     cuDNN with its own dropout (attention_ops/cudnn.py: other masks than ours,
+                with the limits it states); packed rows as a bias, and as cuDNN's packed
+                layout ("segments");
+  torch         (--torch) PyTorch SDPA, HF BERT's call and without a mask, padded rows.
+Order: every shape's fixed candidates first, the tilings last, so a deadline drops tilings.
 
-The last lines name the best tiling per shape as config flags
-(--config.model.pallas_bwd_block_q=32 ...) with its time against the default's. A tiling
-that fails to compile (e.g. out of shared memory) is a row with its one-line error.
+Timing: jit, `--warmup` calls, then the median over `--repeats` of `--iters` calls
+(block_until_ready around each repeat). TFLOP/s counts 4 b h n^2 d forward and 10 b h n^2 d
+backward (FlashAttention-2's count, the recomputed scores included) at the full length,
+whatever a path skips. "err" is max |diff| / max |reference| over the output and the q, k,
+v gradients against the XLA path at the same dropout (the same hash masks; a tiling may
+change only the summation order), or for rows without dropout against `pallas 0`.
+
+The last lines apply `auto_rule` (in this file) to the table: per shape and layout the path
+it should take for training (dropout 0.1) and whether that differs from today's `auto`, and
+BERT-Base's attention per step (12 layers x base128) against a 4 ms target (TARGET_BASE_MS).
 """
 
 from __future__ import annotations
@@ -49,23 +55,37 @@ if REPO not in sys.path:
 SHAPES = {  # the gpu_suite cases' attention: [batch, length, heads, head_dim]
     "base128": (256, 128, 12, 64),
     "large128": (256, 128, 16, 64),
+    "base512": (32, 512, 12, 64),
     "large512": (32, 512, 16, 64),
 }
-SMOKE_SHAPE = (2, 32, 2, 16)
+SMOKE_SHAPE = (2, 32, 1, 16)
+LAYOUTS = ("padded", "packed")
 DROPOUT = 0.1
-# model.pallas_* option -> values swept (0 = the kernel's default).
-SWEEP = {
-    "pallas_bwd_block_q": (16, 32, 64, 128),
-    "pallas_num_warps": (4, 8),
-    "pallas_num_stages": (1, 2, 3, 4),
-    "pallas_bwd_block_k": (32, 64, 128),
-    "pallas_block_q": (32, 64, 128),
-    "pallas_block_k": (32, 64, 128),
+LAYERS = {"base": 12, "large": 24}
+TARGET_BASE_MS = 4.0  # attention at most 4 ms of BERT-Base's step: a target set for it
+# Where the tilings are swept (one shape per length, padded rows: the other shape differs in
+# heads only, and our kernel visits every block of a packed row as of a padded one), and
+# which: the model.pallas_* options of each, as config keys.
+TILED = ("base128", "large512")
+TILINGS = {
+    128: ({"pallas_bwd_num_warps": 8},
+          {"pallas_bwd_num_warps": 8, "pallas_bwd_num_stages": 3},
+          {"pallas_bwd_block_k": 64, "pallas_bwd_num_warps": 8},  # dK/dV + dQ, not fused
+          {"pallas_block_q": 64, "pallas_num_warps": 8}),
+    512: ({"pallas_bwd_num_warps": 8},
+          {"pallas_bwd_block_q": 64, "pallas_bwd_block_k": 128, "pallas_bwd_num_warps": 8},
+          {"pallas_block_k": 128, "pallas_num_warps": 8}),
 }
-SMOKE_SWEEP = {"pallas_bwd_block_q": (16,)}
+SMOKE_TILINGS = ({"pallas_bwd_block_q": 16},)
 OPTION_ARGS = {"pallas_block_q": "block_q", "pallas_block_k": "block_k",
                "pallas_bwd_block_q": "bwd_block_q", "pallas_bwd_block_k": "bwd_block_k",
-               "pallas_num_warps": "num_warps", "pallas_num_stages": "num_stages"}
+               "pallas_num_warps": "num_warps", "pallas_num_stages": "num_stages",
+               "pallas_bwd_num_warps": "bwd_num_warps",
+               "pallas_bwd_num_stages": "bwd_num_stages"}
+# The rule: a hash-mask path (xla, pallas: masks from the step's key, exact resume) unless
+# cuDNN's own dropout is faster by more than this fraction (its limits: cudnn.py).
+CUDNN_MARGIN = 0.10
+ERR_TOL = 2e-2  # bf16: a result further from the reference is wrong, whatever its speed
 
 
 def flops(shape) -> tuple[float, float]:
@@ -83,6 +103,25 @@ def one_line(e: BaseException) -> str:
 # ------------------------------------------------------------------------------- JAX side
 
 
+def row_masks(shape, layout: str, seed: int = 0):
+    """The rows' mask: <bool>[b, n] (padded) or <int32>[b, n] sequence ids (packed)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    b, n, _, _ = shape
+    rng = np.random.default_rng(seed)
+    if layout == "padded":
+        lengths = np.where(rng.random(b) < 0.9, n, rng.integers(max(n // 8, 1), n, b))
+        return jnp.asarray(np.arange(n)[None, :] < lengths[:, None])
+    ids = np.zeros((b, n), np.int32)
+    for row in ids:
+        used = int(n * rng.uniform(0.9, 1.0))
+        cuts = np.sort(rng.choice(np.arange(1, used), 2, replace=False))
+        for k, (lo, hi) in enumerate(zip((0, *cuts), (*cuts, used))):
+            row[lo:hi] = k + 1
+    return jnp.asarray(ids)
+
+
 def jax_inputs(shape, seed: int = 0):
     import jax
     import jax.numpy as jnp
@@ -92,41 +131,47 @@ def jax_inputs(shape, seed: int = 0):
     q, k, v, cot = (jax.random.normal(keys[i], shape, jnp.float32).astype(jnp.bfloat16)
                     for i in range(4))
     biases = tuple(0.1 * jax.random.normal(keys[4 + i], (h, d), jnp.float32) for i in range(3))
-    mask = jnp.ones((b, n), bool)
-    return (q, k, v, biases), cot, mask, keys[7]
+    return (q, k, v, biases), cot, keys[7]
 
 
-def jax_fns(path: str, rate: float, options: dict, mask, drop_key):
-    """(fwd, fwd_bwd) jitted functions of (q, k, v, biases) for one path."""
+def jax_fwd_bwd(path: str, rate: float, options: dict, mask, drop_key, packed_layout: str):
+    """jit((q, k, v, biases), cot -> (out, grads)) of one candidate."""
     import jax
 
     from bert_jax.models import attention_ops
+    from bert_jax.models.attention_ops import cudnn
     from bert_jax.models.attention_ops import xla as xla_attention
     from bert_jax.models.dropout import Dropout
     from bert_jax.models.layers import add_bias
 
-    # The key the model's hash Dropout draws its mask from under `drop_key`: the fused paths
-    # then drop the same probabilities as the XLA path (benchmarks/gpu/kernel_check.py).
+    # The key the model's hash Dropout draws its mask from under `drop_key`: the Pallas
+    # kernel then drops the same probabilities as the XLA path.
     fused_key = (Dropout(rate, impl="hash").apply({}, rngs={"dropout": drop_key},
                                                   method="make_key") if rate else None)
+    packed = jax.numpy.issubdtype(mask.dtype, jax.numpy.integer)
 
     def attend(q, k, v, biases):
         if path == "xla":
             q, k, v = (add_bias(x, bb) for x, bb in zip((q, k, v), biases))
+            kv_mask = mask[:, :, None] == mask[:, None, :] if packed else mask[:, None, :]
             drop = None
             if rate:
                 drop = lambda p: Dropout(rate, impl="hash").apply(  # noqa: E731
                     {}, p, deterministic=False, rngs={"dropout": drop_key})
-            return xla_attention.attention(q, k, v, mask[:, None, :], dropout=drop)
+            return xla_attention.attention(q, k, v, kv_mask, dropout=drop)
+        if path == "cudnn":
+            q, k, v = (add_bias(x, bb) for x, bb in zip((q, k, v), biases))
+            return cudnn.attention(q, k, v, mask, dropout_rate=rate, seed=1234,
+                                   packed_layout=packed_layout)
         return attention_ops.fused(path, q, k, v, mask, dropout_rate=rate,
-                                   dropout_key=fused_key,
-                                   pallas_options=options, biases=biases)
+                                   dropout_key=fused_key, pallas_options=options,
+                                   biases=biases)
 
     def fwd_bwd(args, cot):
         out, vjp = jax.vjp(attend, *args)
-        return out, vjp(cot)
+        return out, vjp(cot)[:3]  # q, k, v (the bias gradients follow from them)
 
-    return jax.jit(lambda args: attend(*args)), jax.jit(fwd_bwd)
+    return jax.jit(fwd_bwd)
 
 
 def time_calls(call, sync, warmup: int, iters: int, repeats: int) -> float:
@@ -154,40 +199,38 @@ def rel_err(got, want) -> float:
     return max(errs)
 
 
-def measure_jax(path: str, rate: float, options: dict, shape, args, refs: dict) -> dict:
-    """One row; `refs` maps a dropout rate to the first (output, q/k/v gradients) measured
-    at it (the default Pallas tiling): each later row reports its max relative difference
-    ("err"), since a tiling may change results only by summation order."""
+def measure_jax(cand: dict, shape, layout: str, args, refs: dict) -> dict:
+    """One row. refs[rate]: the first result at that rate (xla at 0.1, pallas 0 at 0):
+    each later hash-mask row reports its distance ("err"); cuDNN's dropout draws other
+    masks, so it has none (benchmarks/attention_masks.py checks it)."""
     import jax
 
-    row = {"path": path, "dropout": rate, "options": dict(options)}
-    inputs, cot, mask, drop_key = jax_inputs(shape)
-    fwd, fwd_bwd = jax_fns(path, rate, {OPTION_ARGS[k]: v for k, v in options.items()},
-                           mask, drop_key)
+    row = dict(cand, layout=layout, options=dict(cand.get("options", {})))
+    inputs, cot, drop_key = jax_inputs(shape)
+    mask = row_masks(shape, layout)
+    options = {OPTION_ARGS[k]: v for k, v in row["options"].items()}
     try:
+        fn = jax_fwd_bwd(cand["path"], cand["dropout"], options, mask, drop_key,
+                         cand.get("packed_layout", "bias"))
         t0 = time.perf_counter()
-        out, grads = jax.block_until_ready(fwd_bwd(inputs, cot))
+        result = jax.block_until_ready(fn(inputs, cot))
         row["compile_s"] = time.perf_counter() - t0
-        result = (out, grads[:3])  # q, k, v (the bias gradients follow from them)
-        if rate in refs:
-            row["err"] = rel_err(result, refs[rate])
-        else:
-            refs[rate] = result
-        row["fwd_ms"] = time_calls(lambda: fwd(inputs), jax.block_until_ready, args.warmup,
-                                   args.iters, args.repeats)
-        row["fwd_bwd_ms"] = time_calls(lambda: fwd_bwd(inputs, cot), jax.block_until_ready,
-                                       args.warmup, args.iters, args.repeats)
+        if not (cand["path"] == "cudnn" and cand["dropout"]):
+            if cand["dropout"] in refs:
+                row["err"] = rel_err(result, refs[cand["dropout"]])
+            else:
+                refs[cand["dropout"]] = result
+        row["ms"] = time_calls(lambda: fn(inputs, cot), jax.block_until_ready, args.warmup,
+                               args.iters, args.repeats)
     except Exception as e:  # noqa: BLE001 - one row's error; the sweep goes on
         row["error"] = one_line(e)
     return row
 
 
-# ----------------------------------------------------------------------------- torch side
-
-
 def measure_torch(shape, rate: float, masked: bool, args) -> dict:
-    """SDPA fwd and fwd+bwd in bf16 on [batch, heads, length, head_dim] tensors."""
-    row = {"path": "torch_sdpa" + ("_mask" if masked else ""), "dropout": rate, "options": {}}
+    """SDPA fwd+bwd in bf16 on [batch, heads, length, head_dim] tensors, padded rows."""
+    row = {"path": "torch" + (" HF mask" if masked else ""), "dropout": rate, "options": {},
+           "layout": "padded"}
     try:
         import torch
         import torch.nn.functional as F
@@ -204,160 +247,209 @@ def measure_torch(shape, rate: float, masked: bool, args) -> dict:
             t.requires_grad_(True)
         mask = torch.zeros(b, 1, 1, n, device=dev, dtype=torch.bfloat16) if masked else None
 
-        def fwd():
-            with torch.no_grad():
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=rate)
-
         def fwd_bwd():
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=rate)
             return torch.autograd.grad(out, (q, k, v), cot)
 
-        sync = lambda _: torch.cuda.synchronize()  # noqa: E731
-        row["fwd_ms"] = time_calls(fwd, sync, args.warmup, args.iters, args.repeats)
-        row["fwd_bwd_ms"] = time_calls(fwd_bwd, sync, args.warmup, args.iters, args.repeats)
+        row["ms"] = time_calls(fwd_bwd, lambda _: torch.cuda.synchronize(), args.warmup,
+                               args.iters, args.repeats)
     except Exception as e:  # noqa: BLE001
         row["error"] = one_line(e)
     return row
 
 
-# --------------------------------------------------------------------------------- driver
+# --------------------------------------------------------------------------------- plan
 
 
-def sweep_shape(name: str, shape, args, emit, left) -> list:
-    """All rows of one shape: the default tiling, the coordinate sweep, the references."""
-    import jax
-
-    rows, refs = [], {}
-
-    def run(path, rate, options, note=""):
-        if left() < 20:
-            row = {"path": path, "dropout": rate, "options": dict(options),
-                   "error": "skipped: --deadline_s reached"}
-        else:
-            row = measure_jax(path, rate, options, shape, args, refs)
-        row.update(shape_name=name, shape=list(shape), note=note)
-        rows.append(row)
-        emit(row)
-        return row
-
-    gpu = jax.devices()[0].platform == "gpu"
-    default = run("pallas", DROPOUT, {}, "default")
-    best, best_ms = {}, default.get("fwd_bwd_ms", float("inf"))
-    sweep = SMOKE_SWEEP if args.smoke else SWEEP
-    for _ in range(1 if args.smoke else args.passes):
-        for key, values in sweep.items():
-            for value in values:
-                trial = dict(best, **{key: value})
-                if trial == best or any(r.get("options") == trial and r["path"] == "pallas"
-                                        and r["dropout"] == DROPOUT for r in rows):
-                    continue
-                row = run("pallas", DROPOUT, trial, "sweep")
-                if row.get("fwd_bwd_ms", float("inf")) < best_ms:
-                    best, best_ms = trial, row["fwd_bwd_ms"]
-    run("pallas", 0.0, {}, "no dropout")
-    if best:
-        run("pallas", 0.0, best, "best, no dropout")
+def candidates(shape_name: str, layout: str, gpu: bool, smoke: bool) -> tuple[list, list]:
+    """(fixed candidates, tilings) of one shape and layout, each {path, dropout, note,
+    [options], [packed_layout]}."""
+    fixed = [dict(path="xla", dropout=DROPOUT, note="reference"),
+             dict(path="pallas", dropout=DROPOUT, note="default"),
+             dict(path="pallas", dropout=0.0, note="hash cost")]
     if gpu:
-        run("cudnn", 0.0, {}, "no dropout")
-    run("xla", DROPOUT, {}, "")
-    if gpu and not args.no_torch:
-        for masked in (True, False):
-            for rate in (DROPOUT, 0.0):
-                if left() < 20:
-                    break
-                row = measure_torch(shape, rate, masked, args)
-                row.update(shape_name=name, shape=list(shape),
-                           note="HF BERT's call" if masked else "no mask")
-                rows.append(row)
-                emit(row)
-    summary = {"shape_name": name, "best": best, "best_ms": best_ms,
-               "default_ms": default.get("fwd_bwd_ms")}
-    rows.append({"summary": summary})
-    return rows
+        fixed += [dict(path="cudnn", dropout=0.0, note="auto's eval path"),
+                  dict(path="cudnn", dropout=DROPOUT, note="cuDNN's masks",
+                       packed_layout="bias")]
+        if layout == "packed":
+            fixed.append(dict(path="cudnn", dropout=DROPOUT, note="cuDNN's masks",
+                              packed_layout="segments"))
+    length = SMOKE_SHAPE[1] if smoke else SHAPES[shape_name][1]
+    grid = () if layout != "padded" and not smoke else SMOKE_TILINGS if smoke else (
+        TILINGS.get(length, ()) if shape_name in TILED else ())
+    tilings = [dict(path="pallas", dropout=DROPOUT, note="tiling", options=o) for o in grid]
+    return fixed, tilings
+
+
+def label(row: dict) -> str:
+    opts = ",".join(f"{k.replace('pallas_', '')}={v}" for k, v in row["options"].items())
+    name = row["path"] + (f"[{row['packed_layout']}]" if row.get("packed_layout") == "segments"
+                          else "")
+    return f"{name}{'(' + opts + ')' if opts else ''} {row['dropout']:g}"
 
 
 def fmt_row(row: dict) -> str:
     f_fwd, f_bwd = flops(row["shape"])
-    opts = ",".join(f"{k.replace('pallas_', '')}={v}" for k, v in row["options"].items())
-    label = f"{row['path']}{'(' + opts + ')' if opts else ''}"
-    head = f"{row['shape_name']:9s} {label:58s} drop {row['dropout']:.1f}"
+    head = f"{row['shape_name']:9s} {row['layout']:7s} {label(row):52s}"
     if "error" in row:
-        return f"{head}  ERROR {row['error']}"
-    fwd, tot = row["fwd_ms"], row["fwd_bwd_ms"]
-    bwd = max(tot - fwd, 1e-9)
-    return (f"{head}  fwd {fwd:8.3f} ms  fwd+bwd {tot:8.3f} ms  (bwd ~{bwd:7.3f})  "
-            f"{(f_fwd + f_bwd) / tot / 1e9:6.1f} TFLOP/s"
-            + (f"  err {row['err']:.1e}" if "err" in row else "") + f"  {row.get('note', '')}")
+        return f"{head} ERROR {row['error']}"
+    return (f"{head} {row['ms']:8.3f} ms {(f_fwd + f_bwd) / row['ms'] / 1e9:7.1f} TFLOP/s"
+            + (f"  err {row['err']:.1e}" if "err" in row else "           ")
+            + f"  {row.get('note', '')}")
+
+
+# --------------------------------------------------------------------------------- rule
+
+
+def today_auto(layout: str) -> str:
+    """What `auto` takes today on a GPU for a training call of BERT's config in bf16
+    (attention_ops.resolve, the code that decides)."""
+    from bert_jax.models import BertConfig
+    from bert_jax.models.attention_ops import resolve
+
+    config = BertConfig(dtype="bfloat16", attention_probs_dropout_prob=DROPOUT)
+    return resolve("auto", "gpu", config, training=True, packed=layout == "packed")
+
+
+def auto_rule(rows: list) -> dict:
+    """{(shape_name, layout): verdict} for training (dropout 0.1): the fastest hash-mask
+    candidate (xla or any pallas tiling) within ERR_TOL of the reference, and cuDNN's
+    dropout where it beats that by more than CUDNN_MARGIN. verdict: {path, options,
+    packed_layout, ms, hash_ms, cudnn_ms, today}."""
+    out = {}
+    groups = {}
+    for r in rows:
+        if "error" in r or "ms" not in r or r["dropout"] != DROPOUT:
+            continue
+        groups.setdefault((r["shape_name"], r["layout"]), []).append(r)
+    for key, group in groups.items():
+        hashed = [r for r in group if r["path"] in ("xla", "pallas")
+                  and r.get("err", 0.0) <= ERR_TOL]
+        cudnn_rows = [r for r in group if r["path"] == "cudnn"]
+        best = min(hashed, key=lambda r: r["ms"]) if hashed else None
+        fast_cudnn = min(cudnn_rows, key=lambda r: r["ms"]) if cudnn_rows else None
+        pick = best
+        if fast_cudnn and (best is None or fast_cudnn["ms"] < (1 - CUDNN_MARGIN) * best["ms"]):
+            pick = fast_cudnn
+        if pick is None:
+            continue
+        out[key] = dict(path=pick["path"], options=pick["options"],
+                        packed_layout=pick.get("packed_layout"), ms=pick["ms"],
+                        hash_ms=best["ms"] if best else None,
+                        cudnn_ms=fast_cudnn["ms"] if fast_cudnn else None,
+                        today=today_auto(key[1]))
+    return out
+
+
+def verdict_lines(rows: list) -> list[str]:
+    lines = []
+    rule = auto_rule(rows)
+    for (name, layout), v in sorted(rule.items()):
+        flags = " ".join(f"--config.model.{k}={x}" for k, x in v["options"].items())
+        what = v["path"] + (f" ({v['packed_layout']})" if v["packed_layout"] == "segments"
+                            else "")
+        change = "same as today" if (v["path"] == v["today"] and not v["options"]) else (
+            f"today: {v['today']} (default tiling)")
+        cud = f"{v['cudnn_ms']:.3f}" if v["cudnn_ms"] is not None else "-"
+        lines.append(f"{name:9s} {layout:7s} -> {what} {flags} {v['ms']:.3f} ms "
+                     f"(best hash-mask path {v['hash_ms']:.3f} ms, cuDNN dropout {cud} ms); "
+                     f"{change}")
+    for size, layers in LAYERS.items():
+        for length in (128, 512):
+            v = rule.get((f"{size}{length}", "padded"))
+            if v:
+                total = layers * v["ms"]
+                target = (f" (target <= {TARGET_BASE_MS} ms: "
+                          f"{'met' if total <= TARGET_BASE_MS else 'not met'})"
+                          if (size, length) == ("base", 128) else "")
+                lines.append(f"{size}{length}: {layers} layers x {v['ms']:.3f} ms = "
+                             f"{total:.2f} ms of attention a step{target}")
+    return lines
+
+
+# ------------------------------------------------------------------------------- driver
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated (%(default)s)")
+    p.add_argument("--layouts", default=",".join(LAYOUTS), help="(%(default)s)")
     p.add_argument("--out", default=None, help="folder for sweep.json / sweep.txt "
                    "($OUT, else /tmp/attention_sweep)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed calls (3; smoke 1)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls (2; smoke 1)")
     p.add_argument("--iters", type=int, default=None, help="calls per repeat (10; smoke 1)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats, median (5; smoke 1)")
-    p.add_argument("--passes", type=int, default=2, help="coordinate-sweep passes (2)")
-    p.add_argument("--deadline_s", type=float, default=None,
-                   help="wall-clock budget: later rows are skipped, the summary printed")
-    p.add_argument("--no_torch", action="store_true", help="no PyTorch rows")
+    p.add_argument("--repeats", type=int, default=None, help="repeats, median (3; smoke 1)")
+    p.add_argument("--deadline_s", type=float, default=170.0,
+                   help="wall-clock budget (%(default)s s): later rows are skipped")
+    p.add_argument("--no_tilings", action="store_true", help="the fixed candidates only")
+    p.add_argument("--torch", action="store_true", help="add PyTorch SDPA rows")
     p.add_argument("--smoke", action="store_true", help="CPU, one tiny shape, interpret mode")
     args = p.parse_args(argv)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 3)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.smoke else 2)
     args.iters = args.iters if args.iters is not None else (1 if args.smoke else 10)
-    args.repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 5)
+    args.repeats = args.repeats if args.repeats is not None else (1 if args.smoke else 3)
     names = [s.strip() for s in args.shapes.split(",") if s.strip()]
-    unknown = [s for s in names if s not in SHAPES]
+    layouts = [s.strip() for s in args.layouts.split(",") if s.strip()]
+    unknown = [s for s in names if s not in SHAPES] + [s for s in layouts if s not in LAYOUTS]
     if unknown:
-        p.error(f"unknown shape(s) {unknown}; known: {list(SHAPES)}")
+        p.error(f"unknown shape(s) or layout(s) {unknown}; known: {list(SHAPES)}, "
+                f"{list(LAYOUTS)}")
     out_dir = args.out or os.environ.get("OUT") or "/tmp/attention_sweep"
     os.makedirs(out_dir, exist_ok=True)
     t0 = time.perf_counter()
-    left = lambda: (args.deadline_s - (time.perf_counter() - t0)  # noqa: E731
-                    if args.deadline_s else float("inf"))
 
     import jax
 
-    lines = []
+    lines, rows = [], []
 
     def emit(text: str) -> None:
         print(text, flush=True)
         lines.append(text)
 
     dev = jax.devices()[0]
-    versions = [f"jax {jax.__version__}"]
-    try:
-        import torch
-        versions.append(f"torch {torch.__version__}")
-    except Exception:  # noqa: BLE001
-        pass
-    emit(f"== attention sweep: {dev.device_kind} ({dev.platform}); {', '.join(versions)}; "
-         f"bf16, dropout {DROPOUT} unless said; median of {args.repeats} x {args.iters} "
-         f"calls ==")
-    all_rows = []
+    gpu = dev.platform == "gpu"
+    emit(f"== attention sweep: {dev.device_kind} ({dev.platform}); jax {jax.__version__}; "
+         f"bf16, fwd+bwd, median of {args.repeats} x {args.iters} calls ==")
+    plan, tiling_plan = [], []
     for name in names:
         shape = SMOKE_SHAPE if args.smoke else SHAPES[name]
-        rows = sweep_shape(name, shape, args, lambda r: emit(fmt_row(r)), left)
-        all_rows += rows
+        for layout in layouts:
+            fixed, tilings = candidates(name, layout, gpu, args.smoke)
+            plan += [(name, shape, layout, c) for c in fixed]
+            if not args.no_tilings:
+                tiling_plan += [(name, shape, layout, c) for c in tilings]
+    refs = {}
+    for name, shape, layout, cand in plan + tiling_plan:
+        if time.perf_counter() - t0 > args.deadline_s:
+            row = dict(cand, layout=layout, options=dict(cand.get("options", {})),
+                       error="skipped: --deadline_s reached")
+        else:
+            row = measure_jax(cand, shape, layout, args,
+                              refs.setdefault((name, layout), {}))
+        row.update(shape_name=name, shape=list(shape))
+        rows.append(row)
+        emit(fmt_row(row))
+    if gpu and args.torch:
+        for name in names:
+            for masked in (True, False):
+                if time.perf_counter() - t0 > args.deadline_s:
+                    break
+                row = measure_torch(SHAPES[name], DROPOUT, masked, args)
+                row.update(shape_name=name, shape=list(SHAPES[name]),
+                           note="HF BERT's call" if masked else "no mask")
+                rows.append(row)
+                emit(fmt_row(row))
     emit("")
-    emit("== best Pallas tiling per shape (fwd+bwd, dropout 0.1) ==")
-    for r in all_rows:
-        s = r.get("summary")
-        if not s:
-            continue
-        if not s["best"] or s["default_ms"] is None:
-            emit(f"{s['shape_name']}: the default tiling ({s['default_ms']} ms) is the best "
-                 "measured")
-            continue
-        flags = " ".join(f"--config.model.{k}={v}" for k, v in s["best"].items())
-        emit(f"{s['shape_name']}: {flags}: {s['best_ms']:.3f} ms against the default's "
-             f"{s['default_ms']:.3f} ms ({s['default_ms'] / s['best_ms']:.2f}x)")
+    emit(f"== auto_rule: training (dropout {DROPOUT}); a hash-mask path unless cuDNN's "
+         f"dropout is faster by > {CUDNN_MARGIN:.0%} ==")
+    for line in verdict_lines(rows):
+        emit(line)
     emit(f"total {time.perf_counter() - t0:.0f} s")
     with open(os.path.join(out_dir, "sweep.json"), "w") as f:
-        json.dump({"device": dev.device_kind, "versions": versions, "rows": all_rows}, f,
-                  indent=1)
+        json.dump({"device": dev.device_kind, "jax": jax.__version__, "rows": rows,
+                   "auto_rule": {f"{k[0]}/{k[1]}": v for k, v in auto_rule(rows).items()}},
+                  f, indent=1)
     with open(os.path.join(out_dir, "sweep.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
     return 0

@@ -64,7 +64,9 @@ def define_step_flags() -> None:
     flags.DEFINE_integer("predictions", None, "MLM slots per example (default: ceil(p * seq) "
                          "with the config's data.masked_lm_prob p, else 0.15: 20 at 128 as "
                          "BERT's data, 77 at 512; as gpu_suite.py).")
-    flags.DEFINE_string("dtype", "bfloat16", "Compute dtype (params stay float32).")
+    flags.DEFINE_string("dtype", None, "Compute dtype (params stay float32); default: the "
+                        "config's model.dtype (auto: bfloat16 for a GPU or TPU target, "
+                        "float32 for cpu).")
     flags.DEFINE_string("target", "cpu", "What to compile for: cpu, h100, device, or "
                         "tpu:<topology> (e.g. tpu:v5e:2x2, tpu:v4:2x2x2: a TPU slice, on the "
                         "config's mesh).")
@@ -78,12 +80,13 @@ def define_step_flags() -> None:
 
 def from_flags(flags):
     """(config, devices, MLM slots) of the flags define_step_flags defines: the run config
-    with model.dtype set to --dtype, the --target's devices, and --predictions or the
-    config's masking rate times --seq."""
+    with model.dtype set to --dtype (when given), the --target's devices, and --predictions
+    or the config's masking rate times --seq."""
     devices = target_devices(flags.target, flags.gpu_target_config)
     config = flags.config
-    with config.unlocked():
-        config.model.dtype = flags.dtype
+    if flags.dtype:
+        with config.unlocked():
+            config.model.dtype = flags.dtype
     rate = config.data.get("masked_lm_prob", 0.15) if "data" in config else 0.15
     return config, devices, predictions_for(flags.seq, flags.predictions, rate)
 
@@ -233,9 +236,13 @@ def attention_path(mcfg, devices, *, dropout: bool = True) -> str:
     return attention_ops.resolve(mcfg.attention, devices[0].platform, mcfg, training=dropout)
 
 
-def describe(mcfg, attention: str) -> str:
-    """The model line both scripts print first."""
+def describe(mcfg, attention: str, devices=None) -> str:
+    """The model line both scripts print first: the compute dtype `devices` resolve
+    model.dtype to (auto: bfloat16 on a GPU or TPU target, float32 on CPU)."""
+    from bert_jax.models.backend import platform_name
+
+    plat = platform_name(devices[0].platform) if devices else "cpu"
     return (f"model: L={mcfg.num_hidden_layers} H={mcfg.hidden_size} "
-            f"A={mcfg.num_attention_heads} dtype {mcfg.dtype}, remat {mcfg.remat}, "
+            f"A={mcfg.num_attention_heads} {mcfg.describe_compute(plat)}, remat {mcfg.remat}, "
             f"attention {attention}, scan_layers {mcfg.scan_layers}"
             + (f" (scan_unroll {mcfg.scan_unroll})" if mcfg.scan_layers else ""))

@@ -47,7 +47,7 @@ flags.DEFINE_bool("keep", False, "Keep the temp dir (corpus and outputs).")
 def build_corpus(tmp: str, repeat: int) -> str:
     import glob
 
-    from data_prep.prepare_corpus import convert_text, format_documents
+    from data_prep.corpus.sample import convert_text, format_documents
 
     paths = sorted(glob.glob(os.path.join(FLAGS.corpus_dir, "**", "*.txt"), recursive=True))
     paths = [p for p in paths if os.path.basename(p) != "README.md"]

@@ -46,7 +46,8 @@ flags.DEFINE_integer("max_sequences_per_pack", 3, "K: the most sequences per pac
 flags.DEFINE_integer("dupe_factor", 1, "data_prep's passes over the sample corpus.")
 flags.DEFINE_integer("steps", 10, "Timed steps of each kind (median reported).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps of each kind after compile.")
-flags.DEFINE_string("dtype", "float32", "Compute dtype (params stay float32).")
+flags.DEFINE_string("dtype", None, "Compute dtype (params stay float32); default: the "
+                    "config's model.dtype (auto: bfloat16 on GPU / TPU, float32 on CPU).")
 
 
 def corpus_rows(seq: int, preds: int, pack: int, dupe_factor: int) -> dict:
@@ -143,10 +144,11 @@ def main(argv):
     import jax
 
     config = FLAGS.config
-    with config.unlocked():
-        config.model.dtype = FLAGS.dtype
+    if FLAGS.dtype:
+        with config.unlocked():
+            config.model.dtype = FLAGS.dtype
     mcfg = config.model
-    print(f"model: L={mcfg.num_hidden_layers} H={mcfg.hidden_size} dtype {FLAGS.dtype}, "
+    print(f"model: L={mcfg.num_hidden_layers} H={mcfg.hidden_size} dtype {mcfg.dtype}, "
           f"attention {mcfg.get('attention', 'auto')}; {FLAGS.batch} rows per step; "
           f"{jax.device_count()} x {jax.devices()[0].device_kind}; load average "
           f"{os.getloadavg()[0]:.2f}; K={FLAGS.max_sequences_per_pack}, sample corpus, "

@@ -15,17 +15,20 @@ def define_step_flags() -> None:
     config_flags.DEFINE_config_file("config", None, "Run config (model section used).")
     flags.DEFINE_integer("batch", 8, "Global batch size.")
     flags.DEFINE_integer("seq", 128, "Sequence length.")
-    flags.DEFINE_string("dtype", "float32", "Compute dtype (params stay float32).")
+    flags.DEFINE_string("dtype", None, "Compute dtype (params stay float32); default: the "
+                        "config's model.dtype (auto: bfloat16 on GPU / TPU, float32 on CPU).")
     flags.mark_flags_as_required(["config"])
 
 
 def step_config(config, dtype: str):
-    """`config` (the --config flag's) with model.dtype = dtype and the training sections'
-    defaults added when the file has none (a model-only config). Returns it."""
+    """`config` (the --config flag's) with model.dtype = dtype (None: the config's own) and
+    the training sections' defaults added when the file has none (a model-only config).
+    Returns it."""
     from bert_jax.train.config import add_training_sections
 
     with config.unlocked():
-        config.model.dtype = dtype
+        if dtype:
+            config.model.dtype = dtype
         if "optimizer" not in config:
             add_training_sections(config)
     return config

@@ -477,16 +477,26 @@ def _plain_traffic(i: Instr, shapes: dict[str, str]) -> list:
     return ins + [(i.shape, shape_bytes(i.shape))]
 
 
+def is_fp8(kernel: Kernel) -> bool:
+    """A GEMM whose two operands are 8-bit floats (float8_e4m3fn, float8_e5m2, ...)."""
+    return kernel.kind == "gemm" and all(
+        t.strip().startswith("f8") for t in kernel.dtype.split("->")[0].split(" x "))
+
+
 def summarize(kernels: list[Kernel], *, gemm_tflops: float, hbm_tbps: float,
-              launch_us: float) -> dict:
-    """Totals per step: launches, gemm_flops, other_bytes, the three times in seconds and
-    the estimate (their sum)."""
+              launch_us: float, fp8_gemm_tflops: float | None = None) -> dict:
+    """Totals per step: launches, gemm_flops (fp8_gemm_flops of them with FP8 operands),
+    other_bytes, the three times in seconds and the estimate (their sum). FP8 GEMMs run at
+    `fp8_gemm_tflops` (None: twice gemm_tflops, the ratio of Hopper's dense peaks)."""
     launches = sum(k.count for k in kernels)
     flops = sum(k.count * k.flops for k in kernels if k.kind == "gemm")
+    fp8_flops = sum(k.count * k.flops for k in kernels if is_fp8(k))
+    fp8_rate = fp8_gemm_tflops or 2 * gemm_tflops
     nbytes = sum(k.count * k.bytes for k in kernels if k.kind != "gemm")
-    out = dict(launches=launches, gemm_flops=flops, other_bytes=nbytes,
-               gemm_s=flops / (gemm_tflops * 1e12), bytes_s=nbytes / (hbm_tbps * 1e12),
-               launch_s=launches * launch_us * 1e-6)
+    out = dict(launches=launches, gemm_flops=flops, fp8_gemm_flops=fp8_flops,
+               other_bytes=nbytes,
+               gemm_s=(flops - fp8_flops) / (gemm_tflops * 1e12) + fp8_flops / (fp8_rate * 1e12),
+               bytes_s=nbytes / (hbm_tbps * 1e12), launch_s=launches * launch_us * 1e-6)
     out["estimate_s"] = out["gemm_s"] + out["bytes_s"] + out["launch_s"]
     return out
 
@@ -557,7 +567,9 @@ def report(kernels: list[Kernel], totals: dict, *, launch_us: float, top: int = 
             dts[k.dtype][1] += k.count * k.flops
     for dt, (n, f) in sorted(dts.items(), key=lambda kv: -kv[1][1]):
         lines.append(f"  {dt}: {n:,}, {f / 1e12:.3f} TFLOP")
-    lines.append(f"  total: {totals['gemm_flops'] / 1e12:.3f} TFLOP -> "
+    fp8 = (f" ({totals['fp8_gemm_flops'] / 1e12:.3f} of them FP8)"
+           if totals.get("fp8_gemm_flops") else "")
+    lines.append(f"  total: {totals['gemm_flops'] / 1e12:.3f} TFLOP{fp8} -> "
                  f"{totals['gemm_s'] * 1e3:.1f} ms")
 
     lines.append("other kernels' bytes by phase (operands + outputs):")
@@ -624,7 +636,8 @@ def main(argv):
         config, FLAGS.batch, FLAGS.seq, preds, devices, dropout=FLAGS.dropout,
         config_mesh=compiled_step.parse_target(FLAGS.target)[0] == "tpu")
     print(compiled_step.describe(mcfg, compiled_step.attention_path(mcfg, devices,
-                                                                     dropout=FLAGS.dropout)))
+                                                                     dropout=FLAGS.dropout),
+                                 devices))
     print(f"step: batch {FLAGS.batch} x {FLAGS.seq}, {preds} MLM slots, dropout "
           f"{'on' if FLAGS.dropout else 'off'}; compiled for {devices[0].device_kind}")
     print(f"compile: {compile_s:.1f} s")
@@ -645,7 +658,7 @@ def main(argv):
     else:
         print("XLA cost analysis: not available for this target")
     totals = summarize(kernels, gemm_tflops=FLAGS.gemm_tflops, hbm_tbps=FLAGS.hbm_tbps,
-                       launch_us=FLAGS.launch_us)
+                       launch_us=FLAGS.launch_us, fp8_gemm_tflops=FLAGS.fp8_gemm_tflops)
     if FLAGS.json:
         with open(FLAGS.json, "w", encoding="utf-8") as f:
             json.dump(totals, f, indent=1)
@@ -656,6 +669,8 @@ def main(argv):
 if __name__ == "__main__":
     compiled_step.define_step_flags()
     flags.DEFINE_float("gemm_tflops", 600.0, "GEMM throughput of the estimate, TFLOP/s.")
+    flags.DEFINE_float("fp8_gemm_tflops", None, "Throughput of GEMMs with FP8 operands "
+                       "(model.fp8), TFLOP/s; default twice --gemm_tflops.")
     flags.DEFINE_float("hbm_tbps", 3.0, "Memory bandwidth of the estimate, TB/s.")
     flags.DEFINE_float("launch_us", 4.0, "Cost of one kernel launch in the estimate, us.")
     flags.DEFINE_integer("top", 15, "How many of the largest other kernels to list.")

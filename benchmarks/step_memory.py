@@ -25,7 +25,7 @@ the figures are per device, and XLA's cost analysis (FLOPs, bytes accessed) is p
 
 The model section's remat policy, attention implementation and dtype come from the config
 and can be overridden as usual (`--config.model.remat=...`); --dtype sets model.dtype
-(default bfloat16, the accelerator setting).
+(default: the config's, auto: bfloat16 for a GPU or TPU target, float32 for cpu).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def main(argv):
     report = analyze(config, FLAGS.batch, FLAGS.seq, preds, devices=devices,
                      dropout=FLAGS.dropout, config_mesh=kind == "tpu")
     m = report["model"]
-    print(compiled_step.describe(m, report["attention"]))
+    print(compiled_step.describe(m, report["attention"], devices))
     print(f"step: batch {FLAGS.batch} x {FLAGS.seq}, {preds} MLM slots, dropout "
           f"{'on' if FLAGS.dropout else 'off'}; compiled for {report['device']} "
           f"in {report['compile_s']:.1f} s")

@@ -77,7 +77,7 @@ def main(argv):
                                   jax.device_count())
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(state.params))
     print(f"model: L={mcfg.num_hidden_layers} H={mcfg.hidden_size} "
-          f"({n_params / 1e6:.1f}M params), dtype {FLAGS.dtype}, {FLAGS.optimizer}, "
+          f"({n_params / 1e6:.1f}M params), dtype {config.model.dtype}, {FLAGS.optimizer}, "
           f"MLM+NSP, batch {FLAGS.batch} x {FLAGS.seq} tokens, {preds} MLM slots, "
           f"accum {FLAGS.accum}, dropout "
           f"{('on (' + mcfg.dropout_rng + ' masks)') if FLAGS.dropout else 'off'}, "

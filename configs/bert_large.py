@@ -6,8 +6,8 @@ loop on TPU (compile time independent of depth) but unrolled on GPU and CPU
 (`model.scan_unroll="auto"`: no loop, fewer kernels and bytes a step, a longer compile);
 parameters + optimizer state are sharded over every device (FSDP); on a pod
 with fast links, `--config.mesh.data=-1 --config.mesh.fsdp=8` trades memory for less
-all-gather traffic. `--config.model.dtype=bfloat16` (float32 params and optimizer state)
-is the TPU setting.
+all-gather traffic. Like every config it computes in bfloat16 on a GPU or TPU and in float32
+on a CPU (`model.dtype="auto"`; params and optimizer state float32).
 
 What each layer keeps for the backward pass is `model.remat=minimal_ffn` (models/encoder.py):
 Q, K, V, the attention context, the two LayerNorm inputs, the FFN's input and its first

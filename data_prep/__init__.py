@@ -1,5 +1,6 @@
 """Corpus tools: raw text -> TFRecords of masked sentence pairs (create_pretraining_data),
-vocabularies (build_vocab), raw books -> the input format (prepare_corpus).
+vocabularies (build_vocab), raw corpora -> the input format (prepare_corpus, its stages in
+corpus/); beam/ runs both tools on Apache Beam.
 
 An installed package: training from raw text calls create_pretraining_data.create in
 process, and the sample corpus and uncased BERT's vocabulary ship with it as package data.

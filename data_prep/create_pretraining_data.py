@@ -16,7 +16,7 @@ Same flags as the original, plus --spm_model_file, --num_workers, --no_nsp,
 --chunk_size_mb and --pack / --max_sequences_per_pack (several sequences per row: the
 packed-row features of bert_jax/data/features.py, packing in data_prep/packing.py), and
 --runner / --beam_options (the same records from an Apache Beam pipeline on a cluster:
-data_prep/beam_pipeline.py).
+data_prep/beam/records.py).
 Same sampling algorithm (see data_prep/instances.py); the differences are for bounded
 memory: NSP's random B comes from another document of the same ~1 MB chunk and instances are
 shuffled within a chunk. Byte-identical output for any --num_workers.
@@ -45,9 +45,10 @@ from bert_jax.errors import UserError  # noqa: E402
 from data_prep import paths as dp_paths  # noqa: E402
 from data_prep import instances as inst  # noqa: E402
 from data_prep import pipeline  # noqa: E402
+from data_prep.beam import load_beam  # noqa: E402
 from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs,  # noqa: E402
                              resolve_inputs, resolve_outputs)
-from bert_jax.data.checks import files_named  # noqa: E402
+from bert_jax.data.features import files_named  # noqa: E402
 from bert_jax.data.tokenization import check_unk_rate, load_tokenizer  # noqa: E402
 
 
@@ -170,12 +171,12 @@ def create(options: Options, announce=None) -> Result:
 
 
 def _beam(runner: str, beam_options: str):
-    """data_prep.beam_pipeline for a Beam runner, None for 'local' (Beam is not imported)."""
+    """data_prep.beam.records for a Beam runner, None for 'local' (Beam is not imported)."""
     if runner == "local":
         if beam_options:
             raise InputError("--beam_options needs a Beam --runner (e.g. DirectRunner)")
         return None
-    return dp_paths.load_beam(runner, beam_options, InputError)
+    return load_beam("records", runner, beam_options, InputError)
 
 
 def _define_flags() -> None:

@@ -14,7 +14,7 @@ from etils import epath
 from bert_jax import paths as bert_paths
 from bert_jax.errors import UserError
 from bert_jax.paths import is_uri
-from bert_jax.data.checks import files_named
+from bert_jax.data.features import files_named
 
 # What the corpus tools read (the original create_pretraining_data.py's input format).
 TEXT_FORMAT = "UTF-8 text, one sentence per line, a blank line between documents"
@@ -25,22 +25,6 @@ RUNNER_HELP = ("'local': this machine's processes (--num_workers). A Beam runner
                "bucket.")
 BEAM_OPTIONS_HELP = ("With a Beam --runner: its pipeline options as one string, e.g. "
                      "'--project=P --region=R --temp_location=gs://B/tmp'.")
-
-
-def load_beam(runner: str, beam_options: str, error: type[Exception]):
-    """data_prep.beam_pipeline once --runner and --beam_options check out, else `error`
-    (the calling tool's one-line error) saying how to install Apache Beam or what is wrong
-    with them. Imported here, not at the top: the local path never loads Apache Beam."""
-    try:
-        from data_prep import beam_pipeline
-    except ImportError as e:
-        raise error(f"--runner={runner} needs Apache Beam, which is not installed ({e}); "
-                    f"pip install .[beam], or --runner=local") from None
-    try:
-        beam_pipeline.pipeline_options(runner, beam_options)
-    except ValueError as e:
-        raise error(str(e)) from None
-    return beam_pipeline
 
 
 def size(path: str) -> int:

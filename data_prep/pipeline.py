@@ -14,7 +14,6 @@ streams seeded by (random_seed, k), so the output is byte-identical for any num_
 from __future__ import annotations
 
 import codecs
-import collections
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 import dataclasses
@@ -37,7 +36,8 @@ from data_prep import instances as inst
 from data_prep import packing
 from data_prep import paths as dp_paths
 from data_prep import tfrecord
-from bert_jax.data.checks import files_named
+from data_prep import workers
+from bert_jax.data.features import files_named
 from bert_jax.data.tokenization import load_tokenizer
 
 _BATCH = 4096  # instances assembled + serialized at once (bounds the numpy temporaries)
@@ -159,7 +159,7 @@ def iter_documents(paths: Sequence[str], stats: Stats, max_doc_chars: int,
                    open_fn=None) -> Iterator[list[str]]:
     """Documents (lists of stripped non-empty lines). A blank or whitespace-only line ends a
     document, and so does the end of a file; a document over max_doc_chars is cut. A file's
-    documents do not depend on the files before it (data_prep/beam_pipeline.py reads files
+    documents do not depend on the files before it (data_prep/beam/records.py reads files
     apart)."""
     for path in paths:
         doc, size = [], 0
@@ -212,7 +212,8 @@ class WorkerSpec:
 _STATE: dict = {}
 
 
-def _init_worker(spec: WorkerSpec) -> None:
+def init_worker(spec: WorkerSpec) -> None:
+    """Loads the tokenizer of `spec` into this process, for chunk_rows and process_chunk."""
     # Our processes are the parallelism; Rust threads inside each would oversubscribe.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tok = load_tokenizer(spec.vocab_file, spec.spm_model_file, spec.do_lower_case)
@@ -256,7 +257,7 @@ def _packed_stream(flat: np.ndarray, docs: inst.Docs, sep_id: int):
 def chunk_rows(chunk_index: int, docs: list[list[str]], stats: Stats) -> Iterator[dict]:
     """One chunk -> its rows, in output order: instances.assemble's arrays of at most
     _BATCH instances at a time, or with --pack the packed rows of those instances
-    (packing.pack_rows). Counts into `stats`. Needs _init_worker's state."""
+    (packing.pack_rows). Counts into `stats`. Needs init_worker's state."""
     spec: WorkerSpec = _STATE["spec"]
     tok, vi, cfg = _STATE["tok"], _STATE["vi"], spec.cfg
     flat, tdocs = _tokenize_chunk(tok, docs, stats)
@@ -315,7 +316,7 @@ def iter_rows(input_paths: Sequence[str], spec: WorkerSpec,
               chunk_chars: int = 1_000_000) -> Iterator[dict]:
     """The rows the tool would write for `input_paths` (chunk_rows' arrays), made in this
     process and kept in memory: for benchmarks. Inputs must be validated."""
-    _init_worker(spec)
+    init_worker(spec)
     stats = Stats()
     for k, docs, _ in iter_chunks(input_paths, stats, chunk_chars):
         yield from chunk_rows(k, docs, stats)
@@ -415,7 +416,7 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
     writes nothing (else empty output files are written)."""
     from tqdm import tqdm
 
-    fork = num_workers > 1 and sys.platform.startswith("linux") and _fork_safe()
+    fork = num_workers > 1 and sys.platform.startswith("linux") and workers.fork_safe()
     t0 = time.time()
     stats = Stats()
     total_bytes = sum(dp_paths.size(p) for p in input_paths)
@@ -426,7 +427,7 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
     pool = spool = None
     try:
         if num_workers <= 1:
-            _init_worker(spec)
+            init_worker(spec)
             results = (process_chunk(k, docs) + (nb,) for k, docs, nb in chunks)
         else:
             # Chunks and records travel in files next to the output, not through the
@@ -437,16 +438,14 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
                 else os.path.dirname(os.path.abspath(output_paths[0]))))
             if fork:
                 # fork: workers inherit the loaded tokenizer (no re-import, no re-load).
-                _init_worker(spec)
+                init_worker(spec)
                 pool = ProcessPoolExecutor(num_workers, mp_context=mp.get_context("fork"))
             else:
                 # A process that has loaded TensorFlow, JAX or torch (a notebook, a test
-                # session) cannot fork safely: a child can block for ever on a lock or a
-                # thread that only the parent has (seen: a tf.data iterator collected in a
-                # forked worker waited on its prefetch threads). Fresh interpreters.
+                # session) cannot fork safely (workers.fork_safe): fresh interpreters.
                 pool = ProcessPoolExecutor(num_workers, mp_context=mp.get_context("spawn"),
-                                           initializer=_init_worker, initargs=(spec,))
-            results = _ordered_bounded(pool, chunks, 2 * num_workers, spool)
+                                           initializer=init_worker, initargs=(spec,))
+            results = _results(pool, chunks, 2 * num_workers, spool)
         done_bytes = 0
         for _, blob, ends, st, nb in results:
             outputs.write(blob, ends)
@@ -477,17 +476,9 @@ def run(input_paths: Sequence[str], output_paths: Sequence[str], spec: WorkerSpe
     return stats
 
 
-# Runtimes whose thread pools do not survive fork(): once one is loaded, workers are spawned.
-# (OpenBLAS's threads, which numpy starts at import, are fork-safe: it re-creates them.)
-_NOT_FORK_SAFE = ("tensorflow", "jaxlib", "torch")
-
-
-def _fork_safe() -> bool:
-    return not any(name in sys.modules for name in _NOT_FORK_SAFE)
-
-
-def _process_chunk_to_file(chunk_index: int, docs_path: str, spool: str):
-    """process_chunk in a worker, through files in spool both ways."""
+def process_chunk_to_file(chunk_index: int, docs_path: str, spool: str):
+    """process_chunk in a worker, through files in spool both ways: (chunk_index, the
+    records' file, record end offsets, Stats)."""
     with open(docs_path, "rb") as f:
         docs = pickle.load(f)
     os.remove(docs_path)
@@ -498,31 +489,28 @@ def _process_chunk_to_file(chunk_index: int, docs_path: str, spool: str):
     return k, path, ends, stats
 
 
-def _ordered_bounded(pool, chunks, max_in_flight: int, spool: str):
-    """Results in chunk order, with at most max_in_flight chunks submitted and not yet
-    consumed (Pool.imap would read the whole corpus ahead into its task queue)."""
-    pending = collections.deque()
-
-    def take():
-        res, nbytes = pending.popleft()
-        try:
-            k, path, ends, stats = res.result()
-        except BrokenProcessPool:
-            # A worker that cannot start (its traceback is on stderr) ends the run here; a
-            # multiprocessing.Pool would start it again and again, for ever.
-            raise RuntimeError("a data_prep worker process died (its error is printed "
-                               "above); --num_workers=1 runs the work in this process") from None
-        with open(path, "rb") as f:
-            blob = f.read()
-        os.remove(path)
-        return k, blob, ends, stats, nbytes
-
+def _spooled(chunks, spool: str):
+    """iter_chunks' chunks as process_chunk_to_file's jobs: each chunk's documents in a
+    file of spool, tagged with the input bytes read so far."""
     for k, docs, nb in chunks:
         docs_path = os.path.join(spool, f"docs-{k:08d}.pkl")
         with open(docs_path, "wb") as f:
             pickle.dump(docs, f, protocol=pickle.HIGHEST_PROTOCOL)
-        pending.append((pool.submit(_process_chunk_to_file, k, docs_path, spool), nb))
-        if len(pending) >= max_in_flight:
-            yield take()
-    while pending:
-        yield take()
+        yield (k, docs_path, spool), nb
+
+
+def _results(pool, chunks, max_in_flight: int, spool: str):
+    """process_chunk's results plus the input bytes read, in chunk order, with at most
+    max_in_flight chunks submitted and not yet consumed (workers.ordered)."""
+    try:
+        for (k, path, ends, stats), nbytes in workers.ordered(
+                pool, process_chunk_to_file, _spooled(chunks, spool), max_in_flight):
+            with open(path, "rb") as f:
+                blob = f.read()
+            os.remove(path)
+            yield k, blob, ends, stats, nbytes
+    except BrokenProcessPool:
+        # A worker that cannot start (its traceback is on stderr) ends the run here; a
+        # multiprocessing.Pool would start it again and again, for ever.
+        raise RuntimeError("a data_prep worker process died (its error is printed "
+                           "above); --num_workers=1 runs the work in this process") from None

@@ -27,6 +27,7 @@ sentence (a lowercase word, a digit, a comma).
 
 from __future__ import annotations
 
+import functools
 import re
 from importlib import metadata
 
@@ -107,3 +108,10 @@ class SentenceSplitter:
         if paragraph:
             out += _join_en(paragraph) if self.language == "en" else paragraph
         return out
+
+
+@functools.lru_cache(maxsize=None)
+def splitter(language: str) -> SentenceSplitter:
+    """The SentenceSplitter of `language`, made once per process (a worker cleans many
+    documents with it); ValueError for a language without rules, as SentenceSplitter's."""
+    return SentenceSplitter(language)

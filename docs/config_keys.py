@@ -47,6 +47,10 @@ DESCRIPTIONS = {
     "train.profile_steps": "Steps traced by jax.profiler into WORKDIR/profile (process 0); "
                            "0: none.",
     "train.profile_start": "Steps after the start (or restart) before the trace begins.",
+    "train.accept_setting_changes": "True: warm-start or resume with `hidden_act`, "
+                                    "`layer_norm_eps`, casing... other than the checkpoint's.",
+    "train.heartbeat_timeout": "Several processes: seconds of silence after which a process "
+                               "is lost and every other one stops, in one line each.",
 
     # --- schedule: bert_jax/optim.py make_schedule ---------------------------------------
     "schedule": "The learning rate: a linear warmup from 0 to `lr`, then a decay to `end_lr`.",
@@ -95,6 +99,8 @@ DESCRIPTIONS = {
     "checkpoint.keep_period": "Also keep every checkpoint whose step is a multiple of N; "
                               "0: none.",
     "checkpoint.async_save": "Write checkpoints in the background while training goes on.",
+    "checkpoint.timeout": "Seconds one save may take on every process, its wait for the "
+                          "others included; past it the save fails.",
 
     # --- sweep: bert_jax/tasks/finetune.py -----------------------------------------------
     "sweep": "Fine-tuning's restarts x learning rates; the best run on the first dev set is "
@@ -123,7 +129,10 @@ DESCRIPTIONS = {
     "model.initializer_range": "Standard deviation of the truncated-normal weight init.",
     "model.layer_norm_eps": "LayerNorm epsilon.",
     "model.pre_ln": "LayerNorm before each sub-layer (and a final one) instead of after.",
-    "model.dtype": "Compute dtype: float32, bfloat16 or float16.",
+    "model.dtype": "Compute dtype: auto (bfloat16 when the step compiles for a GPU or TPU, "
+                   "float32 on CPU), float32, bfloat16 or float16.",
+    "model.fp8": "The encoder's dense products in FP8 with delayed scaling (Hopper-class "
+                 "GPUs; emulated elsewhere): docs/accelerators.md.",
     "model.param_dtype": "Storage dtype of the parameters.",
     "model.remat": "What a layer keeps for the backward pass: none, full, minimal, "
                    "minimal_ffn, dots_saveable, dots_with_no_batch_dims_saveable.",
@@ -145,6 +154,10 @@ DESCRIPTIONS = {
     "model.pallas_num_warps": "Pallas GPU kernel: Triton warps per program, a power of two <= "
                               "32; 0: 4.",
     "model.pallas_num_stages": "Pallas GPU kernel: Triton pipelining stages, >= 1; 0: 2.",
+    "model.pallas_bwd_num_warps": "Pallas GPU kernel: Triton warps of the backward kernels; "
+                                  "0: `pallas_num_warps`.",
+    "model.pallas_bwd_num_stages": "Pallas GPU kernel: Triton stages of the backward kernels; "
+                                   "0: `pallas_num_stages`.",
     "model.gelu_backward": "FFN bias + GELU backward: `auto` (a Pallas kernel on GPU in "
                            "bf16/fp16, else XLA), `xla`, `pallas`. Speed only.",
     "model.residual_norm": "Post-LN bias + dropout + residual + LayerNorm: `auto` (Pallas "
@@ -254,7 +267,9 @@ DESCRIPTIONS = {
                        "(or `model`'s); None keeps its value.",
     "model_overrides.hidden_dropout_prob": "As `model.hidden_dropout_prob`.",
     "model_overrides.attention_probs_dropout_prob": "As `model.attention_probs_dropout_prob`.",
-    "model_overrides.dtype": "As `model.dtype`.",
+    "model_overrides.dtype": "As `model.dtype` (auto by default, whatever the checkpoint's).",
+    "model_overrides.fp8": "As `model.fp8` (None: the checkpoint's, off: a checkpoint "
+                           "carries no FP8 state).",
     "model_overrides.param_dtype": "As `model.param_dtype`.",
     "model_overrides.remat": "As `model.remat`.",
     "model_overrides.scan_layers": "As `model.scan_layers` (not for a pre-training workdir, "
@@ -269,6 +284,8 @@ DESCRIPTIONS = {
     "model_overrides.pallas_bwd_block_k": "As `model.pallas_bwd_block_k`.",
     "model_overrides.pallas_num_warps": "As `model.pallas_num_warps`.",
     "model_overrides.pallas_num_stages": "As `model.pallas_num_stages`.",
+    "model_overrides.pallas_bwd_num_warps": "As `model.pallas_bwd_num_warps`.",
+    "model_overrides.pallas_bwd_num_stages": "As `model.pallas_bwd_num_stages`.",
     "model_overrides.gelu_backward": "As `model.gelu_backward`.",
     "model_overrides.residual_norm": "As `model.residual_norm`.",
 }

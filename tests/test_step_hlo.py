@@ -210,6 +210,53 @@ def test_a_gather_reads_only_the_gathered_elements():
     assert kernels["both"].bytes == 64 * 100 * 2 + 32 + (32 + 64 * 100 * 4)
 
 
+# The FP8 product as XLA compiled it for the H100 description (model.fp8; metadata cut):
+# a Triton GEMM fusion of two float8_e4m3fn operands, the dequantizing scale in its
+# epilogue; beside it a bfloat16 cuBLAS GEMM.
+FP8_HLO = """HloModule fp8_test
+
+%gemm_fusion_dot_computation (parameter_0: f8e4m3fn[2048,128], parameter_1: f8e4m3fn[128,256], parameter_2: bf16[]) -> bf16[2048,256] {
+  %parameter_0 = f8e4m3fn[2048,128]{1,0} parameter(0)
+  %parameter_1 = f8e4m3fn[128,256]{0,1} parameter(1)
+  %transpose.251 = f8e4m3fn[128,256]{0,1} transpose(%parameter_1), dimensions={1,0}
+  %dot.81 = bf16[2048,256]{1,0} dot(%parameter_0, %transpose.251), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %parameter_2 = bf16[] parameter(2)
+  %broadcast.1283 = bf16[2048,256]{1,0} broadcast(%parameter_2), dimensions={}
+  ROOT %mul.53 = bf16[2048,256]{1,0} multiply(%dot.81, %broadcast.1283)
+}
+
+ENTRY %main (a: f8e4m3fn[2048,128], b: f8e4m3fn[128,256], s: bf16[], c: bf16[256,64], d: bf16[64,32]) -> (bf16[2048,256], (bf16[256,32], s8[0])) {
+  %a = f8e4m3fn[2048,128]{1,0} parameter(0)
+  %b = f8e4m3fn[128,256]{0,1} parameter(1)
+  %s = bf16[] parameter(2)
+  %c = bf16[256,64]{1,0} parameter(3)
+  %d = bf16[64,32]{1,0} parameter(4)
+  %q = bf16[2048,256]{1,0} fusion(%a, %b, %s), kind=kCustom, calls=%gemm_fusion_dot_computation, metadata={op_name="jit(f)/jvp(M)/layer/Fp8DirectDotGeneralOp_0/dot_general"}, backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}
+  %g = (bf16[256,32]{1,0}, s8[0]{0}) custom-call(%c, %d), custom_call_target="__cublas$lt$matmul", metadata={op_name="jit(f)/jvp(M)/head/dot_general"}, backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"]}}}
+  ROOT %r = (bf16[2048,256]{1,0}, (bf16[256,32]{1,0}, s8[0]{0})) tuple(%q, %g)
+}
+"""
+
+
+def test_fp8_gemms_are_counted_at_their_own_rate():
+    kernels = _by_name(step_hlo.audit(FP8_HLO))
+    assert sorted(kernels) == ["g", "q"]
+    fp8, bf16 = kernels["q"], kernels["g"]
+    assert (fp8.kind, fp8.impl, fp8.dtype) == ("gemm", "Triton GEMM fusion",
+                                               "f8e4m3fn x f8e4m3fn -> bf16")
+    assert fp8.flops == 2 * 2048 * 256 * 128 and step_hlo.is_fp8(fp8)
+    assert bf16.dtype == "bf16 x bf16 -> bf16" and not step_hlo.is_fp8(bf16)
+    assert bf16.flops == 2 * 256 * 32 * 64
+    totals = step_hlo.summarize(list(kernels.values()), gemm_tflops=1.0, hbm_tbps=1.0,
+                                launch_us=0.0)
+    assert totals["fp8_gemm_flops"] == fp8.flops
+    # FP8 at twice the bfloat16 rate unless told otherwise
+    assert totals["gemm_s"] == pytest.approx((fp8.flops / 2 + bf16.flops) / 1e12)
+    slower = step_hlo.summarize(list(kernels.values()), gemm_tflops=1.0, hbm_tbps=1.0,
+                                launch_us=0.0, fp8_gemm_tflops=1.0)
+    assert slower["gemm_s"] == pytest.approx((fp8.flops + bf16.flops) / 1e12)
+
+
 def test_two_matmuls_of_a_jitted_function():
     def f(a, b, c):
         return jnp.tanh(a @ b) @ c

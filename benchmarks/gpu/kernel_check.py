@@ -4,7 +4,10 @@ reference's) and without; on a GPU, cuDNN without dropout. Outputs and q / k / v
 with padding, float32 and bfloat16; each as max |diff| / max |reference| over the real
 query rows. Then the other Pallas kernels against the expressions they replace: the
 residual + LayerNorm (models/norm_ops.py, with and without dropout) and the FFN's bias +
-GELU backward pass (models/gelu_ops.py), outputs and every input's gradient."""
+GELU backward pass (models/gelu_ops.py), outputs and every input's gradient. On a GPU, last,
+cuDNN with its own dropout (benchmarks/attention_masks.py): padded and packed rows, output and
+gradients against the XLA path given the mask read back, and the masks' statistics (a failed
+one is the row's error)."""
 
 from __future__ import annotations
 
@@ -45,6 +48,9 @@ def run(spec: dict, out: dict) -> dict:
             except Exception as e:  # noqa: BLE001 - reported, the suite goes on
                 row["error"] = exc_line(e)
             checks.append(row)
+    if plat == "gpu":  # cuDNN's own dropout: its masks read back (attention_masks.py)
+        import attention_masks  # benchmarks/, on sys.path as gpu_suite.py runs this
+        checks += attention_masks.kernel_check_rows(small=bool(spec.get("smoke")))
     out["checks"] = checks
     out["shape"] = [b, n, h, d]
     return out

@@ -22,9 +22,10 @@ fine-tuning run's best_model/ has one), and the tokenizer files beside vocab.txt
 `to-savedmodel` writes a TF SavedModel for TF Serving (any head; --with_tokenizer adds
 signatures that take text). `from-hf`, `to-hf` and `verify --reference=hf:DIR` also take
 transformers' ModernBERT (config.json's model_type "modernbert": ModernBertModel, or
-ModernBertForMaskedLM with the MLM head), our ModernBERT-style configs on our side. Every command checks names and shapes against the config before
-reading tensors, writes to a temporary name and renames at the end. A bad input ends
-in one line, `error: ...` (exit 2; --verbose adds the traceback).
+ModernBertForMaskedLM with the MLM head), our ModernBERT-style configs on our side. Every
+command checks names and shapes against the config before reading tensors, writes to a
+temporary name and renames at the end. A bad input ends in one line, `error: ...` (exit 2;
+--verbose adds the traceback).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import sys
 import time
 
 from bert_jax import cli
-from bert_jax.convert import hf_files, hf_modernbert, model_dir, savedmodel, sources, verify
+from bert_jax.convert import hf_files, model_dir, savedmodel, sources, verify
 from bert_jax.convert import tf as tfc
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import UserError
@@ -121,8 +122,7 @@ def cmd_to_hf(a):
     source = sources.open_source(a.checkpoint, "--checkpoint")
     config, params = sources.unscanned(source)
     vocab = _vocab_check(a.vocab_file or source.vocab, config, a.checkpoint)
-    head, warning = hf_files.hf_head(params, source.task,
-                                     modernbert=hf_modernbert.is_modernbert(config))
+    head, warning = hf_files.hf_format(config).head(params, source.task)
     if warning:
         _warn(warning)
     if not vocab:

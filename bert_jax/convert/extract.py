@@ -116,7 +116,9 @@ class FeatureExtractor:
     def __init__(self, params, config: BertConfig, layers: Sequence[int], pooling: str):
         if pooling not in POOLINGS:
             raise ValueError(f"pooling={pooling!r}; expected one of {POOLINGS}")
-        self.config = config.replace(scan_layers=False, remat="none")
+        # Features in float32 on any host (model.dtype=auto); an explicit dtype is kept.
+        self.config = config.replace(scan_layers=False, remat="none",
+                                     dtype=config.dtype_for("cpu"), fp8=False)
         self.layers = parse_layers(layers, config.num_hidden_layers)
         self.pooling = pooling
         self.params = jax.device_put(params)

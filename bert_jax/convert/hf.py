@@ -1,18 +1,21 @@
-"""Hugging Face `transformers` BERT state dicts <-> our parameter trees (numpy, both ways).
+"""Hugging Face `transformers` BERT: the format (`BERT`: names, layouts, heads, config.json
+both ways) and a state dict in memory -> our parameter tree (`hf_to_params`).
 
-One table (`_layout`) lists every tensor once with how its layout differs from ours, so the
-two directions cannot drift apart. HF Linear weights are [out, in]; ours are [in, out], and
-attention projections are split into [embed, heads, kv] / [heads, kv, embed].
+One table (`BertFormat.encoder_rows`, `HEAD_ROWS`) lists every tensor once with how its
+layout differs from ours (formats.Kind), so the two directions cannot drift apart. HF
+Linear weights are [out, in]; ours are [in, out], and attention projections are split into
+[embed, heads, kv] / [heads, kv, embed]. Directories on disk: hf_files.py.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 import flax
 import numpy as np
 
-from bert_jax.convert.tensors import ConversionError, encoder_shapes
+from bert_jax.convert.formats import ATTN_OUT_T, COPY, QKV_BIAS, QKV_T, TRANSPOSE, Format
+from bert_jax.convert.tensors import ConversionError, Row, encoder_shapes
 from bert_jax.models.config import BertConfig
 
 # Keys of transformers' config.json that are not BERT hyper-parameters of ours.
@@ -38,161 +41,199 @@ def config_from_hf(d: Mapping, source: str = "config.json") -> BertConfig:
                                 ignore=HF_CONFIG_EXTRA_KEYS, source=source)
 
 
-def config_to_hf(config: BertConfig, architectures=("BertForPreTraining",)) -> dict:
-    d = config.to_dict(original_only=True)
-    d.update(layer_norm_eps=config.layer_norm_eps, model_type="bert", pad_token_id=0,
-             position_embedding_type="absolute", architectures=list(architectures))
-    return d
+def hf_name(name: str) -> str:
+    """A transformers tensor name as our tables spell it: old checkpoints (and TF-converted
+    ones) name LayerNorm params gamma / beta."""
+    return name.replace("LayerNorm.gamma", "LayerNorm.weight").replace(
+        "LayerNorm.beta", "LayerNorm.bias")
 
 
-def _layout(config: BertConfig, encoder_prefix: str) -> Iterator[tuple[str, tuple, str]]:
-    """Yields (hf_name, our_path, kind) for every tensor of the encoder and the heads."""
-    e = encoder_prefix
-    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-        yield f"{e}embeddings.{table}.weight", ("embeddings", table, "embedding"), "copy"
-    yield f"{e}embeddings.LayerNorm.weight", ("embeddings", "LayerNorm", "scale"), "copy"
-    yield f"{e}embeddings.LayerNorm.bias", ("embeddings", "LayerNorm", "bias"), "copy"
-    for i in range(config.num_hidden_layers):
-        h, o = f"{e}encoder.layer.{i}.", ("encoder", f"layer_{i}")
-        for proj in ("query", "key", "value"):
-            yield f"{h}attention.self.{proj}.weight", o + ("attention", proj, "kernel"), "qkv"
-            yield f"{h}attention.self.{proj}.bias", o + ("attention", proj, "bias"), "qkv_bias"
-        yield f"{h}attention.output.dense.weight", o + ("attention", "output", "kernel"), "attn_out"
-        yield f"{h}attention.output.dense.bias", o + ("attention", "output", "bias"), "copy"
-        yield f"{h}attention.output.LayerNorm.weight", o + ("attention_norm", "scale"), "copy"
-        yield f"{h}attention.output.LayerNorm.bias", o + ("attention_norm", "bias"), "copy"
-        yield f"{h}intermediate.dense.weight", o + ("intermediate", "kernel"), "linear"
-        yield f"{h}intermediate.dense.bias", o + ("intermediate", "bias"), "copy"
-        yield f"{h}output.dense.weight", o + ("output", "kernel"), "linear"
-        yield f"{h}output.dense.bias", o + ("output", "bias"), "copy"
-        yield f"{h}output.LayerNorm.weight", o + ("output_norm", "scale"), "copy"
-        yield f"{h}output.LayerNorm.bias", o + ("output_norm", "bias"), "copy"
-    yield f"{e}pooler.dense.weight", ("pooler", "kernel"), "linear"
-    yield f"{e}pooler.dense.bias", ("pooler", "bias"), "copy"
+class HfFormat(Format):
+    """What transformers' formats share: torch names, old LayerNorm names read as new."""
+
+    title = "Hugging Face"
+    model_type = ""
+    # {transformers class in config.json's "architectures": our task kind}
+    task_kinds: Mapping[str, str] = {}
+
+    def source_name(self, name: str) -> str:
+        return hf_name(name)
+
+    def head(self, params: Mapping, task: Optional[Mapping] = None
+             ) -> tuple[dict, Optional[str]]:
+        """What transformers calls the model of `params`, from its heads and the task
+        record (model_dir.task_record) of the model directory: ({"architecture", "labels"
+        (class names or None), "problem_type" (or None)}, a warning or None)."""
+        raise NotImplementedError
 
 
-HEAD_LAYOUT = (
-    ("cls.predictions.transform.dense.weight", ("mlm", "transform", "kernel"), "linear"),
-    ("cls.predictions.transform.dense.bias", ("mlm", "transform", "bias"), "copy"),
-    ("cls.predictions.transform.LayerNorm.weight", ("mlm", "transform_norm", "scale"), "copy"),
-    ("cls.predictions.transform.LayerNorm.bias", ("mlm", "transform_norm", "bias"), "copy"),
-    ("cls.predictions.bias", ("mlm", "output_bias"), "copy"),
-    ("cls.seq_relationship.weight", ("nsp", "dense", "kernel"), "linear"),
-    ("cls.seq_relationship.bias", ("nsp", "dense", "bias"), "copy"),
-    ("classifier.weight", ("classifier", "dense", "kernel"), "linear"),
-    ("classifier.bias", ("classifier", "dense", "bias"), "copy"),
-    ("qa_outputs.weight", ("qa_outputs", "dense", "kernel"), "linear"),
-    ("qa_outputs.bias", ("qa_outputs", "dense", "bias"), "copy"),
+# Our task kinds -> the transformers class of a model whose head is "classifier" or
+# "qa_outputs" (both pre-training heads: BertForPreTraining; MLM alone: BertForMaskedLM).
+ARCHITECTURES = {"glue": "BertForSequenceClassification",
+                 "ner": "BertForTokenClassification",
+                 "squad": "BertForQuestionAnswering",
+                 "choice": "BertForMultipleChoice"}
+
+
+class BertFormat(HfFormat):
+    """transformers' BERT (BertModel / BertFor*): Linear weights [out, in] where ours are
+    [in, out], attention projections split into [embed, heads, kv] / [heads, kv, embed];
+    the encoder under "bert." (BertFor*) or at the root (BertModel)."""
+
+    prefix = "bert."
+    model_type = "bert"
+    # HF tensors that are derived from others (tied or buffers): never imported.
+    derived = ("embeddings.position_ids", "cls.predictions.decoder.weight",
+               "cls.predictions.decoder.bias")
+    task_kinds = {**{v: k for k, v in ARCHITECTURES.items()},
+                  "BertForPreTraining": "pretraining", "BertForMaskedLM": "pretraining"}
+
+    def encoder_rows(self, config: BertConfig, prefix: str) -> Iterator[Row]:
+        e, b = prefix, ("bert",)
+        for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+            yield f"{e}embeddings.{table}.weight", b + ("embeddings", table, "embedding"), COPY
+        yield f"{e}embeddings.LayerNorm.weight", b + ("embeddings", "LayerNorm", "scale"), COPY
+        yield f"{e}embeddings.LayerNorm.bias", b + ("embeddings", "LayerNorm", "bias"), COPY
+        for i in range(config.num_hidden_layers):
+            h, o = f"{e}encoder.layer.{i}.", b + ("encoder", f"layer_{i}")
+            for proj in ("query", "key", "value"):
+                yield (f"{h}attention.self.{proj}.weight", o + ("attention", proj, "kernel"),
+                       QKV_T)
+                yield f"{h}attention.self.{proj}.bias", o + ("attention", proj, "bias"), QKV_BIAS
+            yield (f"{h}attention.output.dense.weight", o + ("attention", "output", "kernel"),
+                   ATTN_OUT_T)
+            yield f"{h}attention.output.dense.bias", o + ("attention", "output", "bias"), COPY
+            yield f"{h}attention.output.LayerNorm.weight", o + ("attention_norm", "scale"), COPY
+            yield f"{h}attention.output.LayerNorm.bias", o + ("attention_norm", "bias"), COPY
+            yield f"{h}intermediate.dense.weight", o + ("intermediate", "kernel"), TRANSPOSE
+            yield f"{h}intermediate.dense.bias", o + ("intermediate", "bias"), COPY
+            yield f"{h}output.dense.weight", o + ("output", "kernel"), TRANSPOSE
+            yield f"{h}output.dense.bias", o + ("output", "bias"), COPY
+            yield f"{h}output.LayerNorm.weight", o + ("output_norm", "scale"), COPY
+            yield f"{h}output.LayerNorm.bias", o + ("output_norm", "bias"), COPY
+        yield f"{e}pooler.dense.weight", b + ("pooler", "kernel"), TRANSPOSE
+        yield f"{e}pooler.dense.bias", b + ("pooler", "bias"), COPY
+
+    def head_rows(self, config: BertConfig) -> tuple[Row, ...]:
+        return HEAD_ROWS
+
+    def tied(self, state: Mapping[str, np.ndarray], prefix: str) -> dict:
+        return {"cls.predictions.decoder.weight":
+                state[f"{prefix}embeddings.word_embeddings.weight"],
+                "cls.predictions.decoder.bias": state["cls.predictions.bias"]}
+
+    def config_from(self, d: Mapping, source: str) -> BertConfig:
+        return config_from_hf(d, source)
+
+    def config_to(self, config: BertConfig, params: Mapping,
+                  task: Optional[Mapping] = None) -> dict:
+        """config.json for the heads present and the task they were trained for (`head`):
+        the architecture, and for classifiers num_labels, id2label / label2id and
+        (sequence classification) problem_type."""
+        if config.pre_ln:
+            raise ConversionError("a pre-LN model has no transformers BERT equivalent "
+                                  "(post-LN)")
+        head, _ = self.head(params, task)
+        d = config.to_dict(original_only=True)
+        d.update(layer_norm_eps=config.layer_norm_eps, model_type="bert", pad_token_id=0,
+                 position_embedding_type="absolute", architectures=[head["architecture"]])
+        if head["labels"] is not None:
+            d["num_labels"] = len(head["labels"])
+            d["id2label"] = {str(i): name for i, name in enumerate(head["labels"])}
+            d["label2id"] = {name: i for i, name in enumerate(head["labels"])}
+        if head["problem_type"]:
+            d["problem_type"] = head["problem_type"]
+        return d
+
+    def head(self, params: Mapping, task: Optional[Mapping] = None
+             ) -> tuple[dict, Optional[str]]:
+        """Without a task record a "classifier" head cannot be told apart (sentence, token
+        or choice): it is exported as a sequence classifier named LABEL_i, and the warning
+        says so."""
+        kind = (task or {}).get("kind")
+        labels = (task or {}).get("labels")
+        head = {"architecture": "BertModel", "labels": None, "problem_type": None}
+        if "mlm" in params:
+            head["architecture"] = "BertForPreTraining" if "nsp" in params else "BertForMaskedLM"
+            return head, None
+        if "qa_outputs" in params:
+            head["architecture"] = "BertForQuestionAnswering"
+            return head, None
+        if "classifier" not in params:
+            return head, None
+        n = int(np.shape(params["classifier"]["dense"]["bias"])[0])
+        warning = None
+        if kind not in ("glue", "ner", "choice"):
+            warning = (f"no task record ({kind or 'no task.json'}) says what the classifier "
+                       f"was trained for: exported as BertForSequenceClassification with "
+                       f"labels LABEL_0..LABEL_{n - 1}")
+            kind, labels = "glue", None
+        head["architecture"] = ARCHITECTURES[kind]
+        if kind == "choice":
+            if n != 1:
+                raise ConversionError(f"a multiple-choice head has one output, this "
+                                      f"classifier has {n}")
+            return head, warning
+        if labels is not None and len(labels) != n:
+            raise ConversionError(f"the task record names {len(labels)} labels "
+                                  f"{list(labels)} but the classifier has {n} outputs")
+        head["labels"] = (list(labels) if labels is not None
+                          else [f"LABEL_{i}" for i in range(n)])
+        if kind == "glue":
+            head["problem_type"] = ("regression" if n == 1 and labels is None
+                                    else "single_label_classification")
+        return head, warning
+
+
+HEAD_ROWS: tuple[Row, ...] = (
+    ("cls.predictions.transform.dense.weight", ("mlm", "transform", "kernel"), TRANSPOSE),
+    ("cls.predictions.transform.dense.bias", ("mlm", "transform", "bias"), COPY),
+    ("cls.predictions.transform.LayerNorm.weight", ("mlm", "transform_norm", "scale"), COPY),
+    ("cls.predictions.transform.LayerNorm.bias", ("mlm", "transform_norm", "bias"), COPY),
+    ("cls.predictions.bias", ("mlm", "output_bias"), COPY),
+    ("cls.seq_relationship.weight", ("nsp", "dense", "kernel"), TRANSPOSE),
+    ("cls.seq_relationship.bias", ("nsp", "dense", "bias"), COPY),
+    ("classifier.weight", ("classifier", "dense", "kernel"), TRANSPOSE),
+    ("classifier.bias", ("classifier", "dense", "bias"), COPY),
+    ("qa_outputs.weight", ("qa_outputs", "dense", "kernel"), TRANSPOSE),
+    ("qa_outputs.bias", ("qa_outputs", "dense", "bias"), COPY),
 )
-
-# HF tensors that are derived from others (tied or buffers): never imported.
-_DERIVED = ("embeddings.position_ids", "cls.predictions.decoder.weight",
-            "cls.predictions.decoder.bias")
-
-
-def _to_ours(x: np.ndarray, kind: str, c: BertConfig) -> np.ndarray:
-    if kind == "copy":
-        return x
-    if kind == "linear":
-        return x.T
-    if kind == "qkv":
-        return x.T.reshape(c.hidden_size, c.num_attention_heads, c.head_dim)
-    if kind == "qkv_bias":
-        return x.reshape(c.num_attention_heads, c.head_dim)
-    if kind == "attn_out":
-        return x.T.reshape(c.num_attention_heads, c.head_dim, c.hidden_size)
-    raise ValueError(kind)
-
-
-def _to_hf(x: np.ndarray, kind: str, c: BertConfig) -> np.ndarray:
-    if kind == "copy":
-        return x
-    if kind == "linear":
-        return x.T
-    if kind == "qkv":
-        return x.reshape(c.hidden_size, c.hidden_size).T
-    if kind == "qkv_bias":
-        return x.reshape(c.hidden_size)
-    if kind == "attn_out":
-        return x.reshape(c.hidden_size, c.hidden_size).T
-    raise ValueError(kind)
-
-
-def _normalise_names(state: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Old checkpoints name LayerNorm params gamma / beta."""
-    out = {}
-    for k, v in state.items():
-        k = k.replace("LayerNorm.gamma", "LayerNorm.weight").replace("LayerNorm.beta", "LayerNorm.bias")
-        out[k] = np.asarray(v)
-    return out
-
-
-# One error type for every format (defined with the format-independent machinery).
+BERT = BertFormat()
 
 
 def hf_to_params(state: Mapping[str, np.ndarray], config: BertConfig,
                  source: str = "state dict") -> tuple[dict, dict]:
-    """Converts a HF state dict (BertModel or BertFor* keys) to our tree.
+    """Converts a HF state dict in memory (BertModel or BertFor* keys) to our tree; a
+    directory on disk is hf_files.read_hf_dir's (names and shapes checked before a read).
 
     Returns (params, report). params has the encoder under "bert" and any heads found
     ("mlm", "nsp", "classifier", "qa_outputs") beside it; report lists
     {"heads": [...], "missing_heads": [...], "unexpected": [...]}. A missing encoder tensor
     or a shape mismatch raises, naming the tensor and both shapes.
     """
-    state = _normalise_names(state)
-    prefix = "bert." if any(k.startswith("bert.") for k in state) else ""
-    params: dict = {}
-    used = set()
-
-    def put(path, value):
-        node = params
-        for p in path[:-1]:
-            node = node.setdefault(p, {})
-        node[path[-1]] = value
-
-    missing = []
-    for hf_name, path, kind in _layout(config, prefix):
-        if hf_name not in state:
-            missing.append(hf_name)
+    state = {hf_name(k): np.asarray(v) for k, v in state.items()}
+    flat, used, missing = {}, set(), []
+    for name, path, kind in BERT.encoder_rows(config, BERT.encoder_prefix(state)):
+        if name not in state:
+            missing.append(name)
             continue
-        put(("bert",) + path, _to_ours(state[hf_name], kind, config))
-        used.add(hf_name)
+        flat[path] = kind.to_ours(state[name], config)
+        used.add(name)
     if missing:
         raise ConversionError(f"{source}: missing encoder tensors {missing[:8]}"
                               f"{' ...' if len(missing) > 8 else ''} ({len(missing)} in all)")
-    heads, present = [], set()
-    for hf_name, path, kind in HEAD_LAYOUT:
-        if hf_name in state:
-            put(path, _to_ours(state[hf_name], kind, config))
-            used.add(hf_name)
+    present = set()
+    for name, path, kind in BERT.head_rows(config):
+        if name in state:
+            flat[path] = kind.to_ours(state[name], config)
+            used.add(name)
             present.add(path[0])
-    heads = sorted(present)
-    missing_heads = [h for h in ("mlm", "nsp") if h not in present]
-    unexpected = sorted(k for k in state if k not in used
-                        and not any(k.endswith(d) for d in _DERIVED))
+    params = flax.traverse_util.unflatten_dict(flat)
+    unexpected = sorted(k for k in state if k not in used and not BERT.is_skipped(k))
     check_shapes(params, config, source)
-    return params, {"heads": heads, "missing_heads": missing_heads, "unexpected": unexpected}
-
-
-def params_to_hf(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
-    """Our tree (encoder under "bert", heads beside it) -> HF BertForPreTraining keys."""
-    state = {}
-
-    def get(path):
-        node = params
-        for p in path:
-            node = node[p]
-        return np.asarray(node)
-
-    for hf_name, path, kind in _layout(config, "bert."):
-        state[hf_name] = _to_hf(get(("bert",) + path), kind, config)
-    for hf_name, path, kind in HEAD_LAYOUT:
-        if path[0] in params:
-            state[hf_name] = _to_hf(get(path), kind, config)
-    if "mlm" in params:
-        state["cls.predictions.decoder.weight"] = state["bert.embeddings.word_embeddings.weight"]
-        state["cls.predictions.decoder.bias"] = state["cls.predictions.bias"]
-    return {k: np.ascontiguousarray(v) for k, v in state.items()}
+    return params, {"heads": sorted(present),
+                    "missing_heads": [h for h in ("mlm", "nsp") if h not in present],
+                    "unexpected": unexpected}
 
 
 def check_shapes(params: Mapping, config: BertConfig, source: str) -> None:

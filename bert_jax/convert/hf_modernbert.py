@@ -1,22 +1,22 @@
-"""Hugging Face `transformers` ModernBERT (ModernBertModel / ModernBertForMaskedLM) config
-and state dicts <-> our BertConfig and parameter trees (numpy, both ways).
+"""Hugging Face `transformers` ModernBERT (ModernBertModel / ModernBertForMaskedLM): the
+format (`MODERNBERT`: names, layouts, the MLM head, config.json both ways).
 
 ModernBERT is our encoder with rotary positions, a gated FFN, pre-LN with no attention
 LayerNorm in layer 0, a final LayerNorm, no token types, no pooler and (usually) no biases;
 its local layers attend within `local_attention // 2` tokens. Two of its tensors are fused
 where ours are not: `attn.Wqkv` ([3 * hidden, hidden]: Q, K, V stacked) and `mlp.Wi`
-([2 * intermediate, hidden]: the input half, then the gate half). A layout row names one
-of our tensors and the slice of the HF tensor it is (`kind`); rows of one HF name are
-concatenated in order on export.
+([2 * intermediate, hidden]: the input half, then the gate half). A row names one of our
+tensors and its slice of the HF tensor (formats.Fused); a writer joins the rows of one HF
+name in order.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
-import numpy as np
-
-from bert_jax.convert.tensors import ConversionError
+from bert_jax.convert.formats import ATTN_OUT_T, COPY, QKV_BIAS, QKV_T, TRANSPOSE, Fused
+from bert_jax.convert.hf import HfFormat
+from bert_jax.convert.tensors import ConversionError, Row
 from bert_jax.models.config import BertConfig
 
 MODEL_TYPE = "modernbert"
@@ -146,157 +146,127 @@ def config_from_hf(d: Mapping, source: str = "config.json") -> BertConfig:
         init_scheme="modernbert", **ARCHITECTURE)
 
 
-def config_to_hf(config: BertConfig, architectures=("ModernBertForMaskedLM",)) -> dict:
-    """transformers' config.json of our ModernBERT-style config."""
-    check_exportable(config)
-    c = config
-    types = [LOCAL if c.layer_window(i) else GLOBAL for i in range(c.num_hidden_layers)]
-    d = dict(
-        model_type=MODEL_TYPE, architectures=list(architectures), vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-        hidden_activation=c.hidden_act, classifier_activation=c.hidden_act,
-        max_position_embeddings=c.max_position_embeddings,
-        initializer_range=c.initializer_range, norm_eps=c.layer_norm_eps,
-        norm_bias=c.norm_bias, attention_bias=c.use_bias, mlp_bias=c.use_bias,
-        classifier_bias=c.use_bias, decoder_bias=True, tie_word_embeddings=True,
-        attention_dropout=c.attention_probs_dropout_prob, mlp_dropout=c.hidden_dropout_prob,
-        embedding_dropout=c.hidden_dropout_prob, layer_types=types,
-        global_attn_every_n_layers=max(1, c.global_attn_every_n_layers),
-        local_attention=c.local_attention or 2 * c.max_position_embeddings,
-        rope_parameters={GLOBAL: {"rope_type": "default", "rope_theta": float(c.rope_theta)},
-                         LOCAL: {"rope_type": "default",
-                                 "rope_theta": float(c.local_rope_theta)}})
-    # ModernBERT's own token ids where the vocabulary has them (its tokenizer's); a
-    # smaller vocabulary is not ModernBERT's, and its ids are unknown here.
-    for key, token in (("pad_token_id", 50283), ("bos_token_id", 50281),
-                       ("eos_token_id", 50282), ("cls_token_id", 50281),
-                       ("sep_token_id", 50282)):
-        d[key] = token if token < c.vocab_size else None
-    return d
+QKV_PARTS, FFN_PARTS = ("query", "key", "value"), ("input", "gate")
+# Our tensors' slices of Wqkv (its weight and bias) and of Wi.
+QKV_SLICES = {p: Fused(QKV_T, i, 3) for i, p in enumerate(QKV_PARTS)}
+QKV_BIAS_SLICES = {p: Fused(QKV_BIAS, i, 3) for i, p in enumerate(QKV_PARTS)}
+FFN_SLICES = {p: Fused(TRANSPOSE, i, 2) for i, p in enumerate(FFN_PARTS)}
+FFN_BIAS_SLICES = {p: Fused(COPY, i, 2) for i, p in enumerate(FFN_PARTS)}
 
 
-def layout(config: BertConfig, prefix: str) -> Iterator[tuple[str, tuple, str]]:
-    """(hf_name, our_path, kind) of every encoder tensor; `prefix` "model." (MaskedLM) or
-    "" (ModernBertModel). Rows of one fused HF tensor come in their order within it."""
-    c, p = config, prefix
-    yield f"{p}embeddings.tok_embeddings.weight", ("embeddings", "word_embeddings",
-                                                   "embedding"), "copy"
-    yield from _norm(c, f"{p}embeddings.norm", ("embeddings", "LayerNorm"))
-    for i in range(c.num_hidden_layers):
-        h, o = f"{p}layers.{i}.", ("encoder", f"layer_{i}")
-        if i > 0 or c.layer0_attention_norm:
-            yield from _norm(c, f"{h}attn_norm", o + ("attention_norm",))
-        for part in ("query", "key", "value"):
-            yield f"{h}attn.Wqkv.weight", o + ("attention", part, "kernel"), f"qkv_{part}"
-        if c.use_bias:
-            for part in ("query", "key", "value"):
-                yield f"{h}attn.Wqkv.bias", o + ("attention", part, "bias"), f"qkvb_{part}"
-        yield f"{h}attn.Wo.weight", o + ("attention", "output", "kernel"), "attn_out"
-        if c.use_bias:
-            yield f"{h}attn.Wo.bias", o + ("attention", "output", "bias"), "copy"
-        yield from _norm(c, f"{h}mlp_norm", o + ("output_norm",))
-        yield f"{h}mlp.Wi.weight", o + ("intermediate", "kernel"), "wi_input"
-        yield f"{h}mlp.Wi.weight", o + ("gate", "kernel"), "wi_gate"
-        if c.use_bias:
-            yield f"{h}mlp.Wi.bias", o + ("intermediate", "bias"), "wib_input"
-            yield f"{h}mlp.Wi.bias", o + ("gate", "bias"), "wib_gate"
-        yield f"{h}mlp.Wo.weight", o + ("output", "kernel"), "linear"
-        if c.use_bias:
-            yield f"{h}mlp.Wo.bias", o + ("output", "bias"), "copy"
-    yield from _norm(c, f"{p}final_norm", ("encoder", "final_norm"))
+class ModernBertFormat(HfFormat):
+    """transformers' ModernBERT: the encoder under "model." (ModernBertForMaskedLM) or at
+    the root (ModernBertModel); the MLM head its only head."""
+
+    prefix = "model."
+    model_type = MODEL_TYPE
+    # HF tensors derived from others (the tied decoder, rotary buffers): never imported.
+    derived = ("decoder.weight", "inv_freq")
+    task_kinds = {"ModernBertForMaskedLM": "pretraining"}
+
+    def encoder_rows(self, config: BertConfig, prefix: str) -> Iterator[Row]:
+        """Rows of one fused HF tensor come in their order within it."""
+        c, p, b = config, prefix, ("bert",)
+        yield (f"{p}embeddings.tok_embeddings.weight",
+               b + ("embeddings", "word_embeddings", "embedding"), COPY)
+        yield from _norm(c, f"{p}embeddings.norm", b + ("embeddings", "LayerNorm"))
+        for i in range(c.num_hidden_layers):
+            h, o = f"{p}layers.{i}.", b + ("encoder", f"layer_{i}")
+            if i > 0 or c.layer0_attention_norm:
+                yield from _norm(c, f"{h}attn_norm", o + ("attention_norm",))
+            for part in QKV_PARTS:
+                yield f"{h}attn.Wqkv.weight", o + ("attention", part, "kernel"), QKV_SLICES[part]
+            if c.use_bias:
+                for part in QKV_PARTS:
+                    yield (f"{h}attn.Wqkv.bias", o + ("attention", part, "bias"),
+                           QKV_BIAS_SLICES[part])
+            yield f"{h}attn.Wo.weight", o + ("attention", "output", "kernel"), ATTN_OUT_T
+            if c.use_bias:
+                yield f"{h}attn.Wo.bias", o + ("attention", "output", "bias"), COPY
+            yield from _norm(c, f"{h}mlp_norm", o + ("output_norm",))
+            yield f"{h}mlp.Wi.weight", o + ("intermediate", "kernel"), FFN_SLICES["input"]
+            yield f"{h}mlp.Wi.weight", o + ("gate", "kernel"), FFN_SLICES["gate"]
+            if c.use_bias:
+                yield f"{h}mlp.Wi.bias", o + ("intermediate", "bias"), FFN_BIAS_SLICES["input"]
+                yield f"{h}mlp.Wi.bias", o + ("gate", "bias"), FFN_BIAS_SLICES["gate"]
+            yield f"{h}mlp.Wo.weight", o + ("output", "kernel"), TRANSPOSE
+            if c.use_bias:
+                yield f"{h}mlp.Wo.bias", o + ("output", "bias"), COPY
+        yield from _norm(c, f"{p}final_norm", b + ("encoder", "final_norm"))
+
+    def head_rows(self, config: BertConfig) -> list[Row]:
+        """The MLM head's rows (ModernBertForMaskedLM; the decoder weight is the tied
+        table)."""
+        rows = [("head.dense.weight", ("mlm", "transform", "kernel"), TRANSPOSE)]
+        if config.use_bias:
+            rows.append(("head.dense.bias", ("mlm", "transform", "bias"), COPY))
+        rows.extend(_norm(config, "head.norm", ("mlm", "transform_norm")))
+        rows.append(("decoder.bias", ("mlm", "output_bias"), COPY))
+        return rows
+
+    def export_prefix(self, params: Mapping) -> str:
+        # ModernBertModel's own names have no "model." prefix.
+        return self.prefix if "mlm" in params else ""
+
+    def tied(self, state, prefix: str) -> dict:
+        return {"decoder.weight": state[f"{prefix}embeddings.tok_embeddings.weight"]}
+
+    def check_exportable(self, config: BertConfig) -> None:
+        check_exportable(config)
+
+    def config_from(self, d: Mapping, source: str) -> BertConfig:
+        return config_from_hf(d, source)
+
+    def head(self, params: Mapping, task: Optional[Mapping] = None
+             ) -> tuple[dict, Optional[str]]:
+        """ModernBertModel, or ModernBertForMaskedLM with an MLM head; other heads are
+        refused."""
+        if set(params) - {"bert", "mlm"}:
+            raise ConversionError(
+                f"a ModernBERT-style model is exported with its MLM head only; this one has "
+                f"{sorted(set(params) - {'bert', 'mlm'})}")
+        architecture = "ModernBertForMaskedLM" if "mlm" in params else "ModernBertModel"
+        return {"architecture": architecture, "labels": None, "problem_type": None}, None
+
+    def config_to(self, config: BertConfig, params: Mapping,
+                  task: Optional[Mapping] = None) -> dict:
+        """transformers' config.json of our ModernBERT-style config, for the heads in
+        `params`."""
+        head, _ = self.head(params, task)
+        check_exportable(config)
+        c = config
+        types = [LOCAL if c.layer_window(i) else GLOBAL for i in range(c.num_hidden_layers)]
+        d = dict(
+            model_type=MODEL_TYPE, architectures=[head["architecture"]],
+            vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size, num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads, hidden_activation=c.hidden_act,
+            classifier_activation=c.hidden_act,
+            max_position_embeddings=c.max_position_embeddings,
+            initializer_range=c.initializer_range, norm_eps=c.layer_norm_eps,
+            norm_bias=c.norm_bias, attention_bias=c.use_bias, mlp_bias=c.use_bias,
+            classifier_bias=c.use_bias, decoder_bias=True, tie_word_embeddings=True,
+            attention_dropout=c.attention_probs_dropout_prob,
+            mlp_dropout=c.hidden_dropout_prob, embedding_dropout=c.hidden_dropout_prob,
+            layer_types=types, global_attn_every_n_layers=max(1, c.global_attn_every_n_layers),
+            local_attention=c.local_attention or 2 * c.max_position_embeddings,
+            rope_parameters={GLOBAL: {"rope_type": "default",
+                                      "rope_theta": float(c.rope_theta)},
+                             LOCAL: {"rope_type": "default",
+                                     "rope_theta": float(c.local_rope_theta)}})
+        # ModernBERT's own token ids where the vocabulary has them (its tokenizer's); a
+        # smaller vocabulary is not ModernBERT's, and its ids are unknown here.
+        for key, token in (("pad_token_id", 50283), ("bos_token_id", 50281),
+                           ("eos_token_id", 50282), ("cls_token_id", 50281),
+                           ("sep_token_id", 50282)):
+            d[key] = token if token < c.vocab_size else None
+        return d
 
 
-def head_layout(config: BertConfig) -> list[tuple[str, tuple, str]]:
-    """The MLM head's rows (ModernBertForMaskedLM; the decoder weight is the tied table)."""
-    rows = [("head.dense.weight", ("mlm", "transform", "kernel"), "linear")]
-    if config.use_bias:
-        rows.append(("head.dense.bias", ("mlm", "transform", "bias"), "copy"))
-    rows.extend((n, ("mlm",) + p[1:], k) for n, p, k in
-                _norm(config, "head.norm", ("", "transform_norm")))
-    rows.append(("decoder.bias", ("mlm", "output_bias"), "copy"))
-    return rows
-
-
-# HF tensors derived from others (the tied decoder, rotary buffers): never imported.
-DERIVED = ("decoder.weight", "inv_freq")
-KINDS = ("copy", "linear", "attn_out", "qkv_query", "qkv_key", "qkv_value", "qkvb_query",
-         "qkvb_key", "qkvb_value", "wi_input", "wi_gate", "wib_input", "wib_gate")
+MODERNBERT = ModernBertFormat()
 
 
 def _norm(c: BertConfig, name: str, path: tuple):
-    yield f"{name}.weight", path + ("scale",), "copy"
+    yield f"{name}.weight", path + ("scale",), COPY
     if c.norm_bias:
-        yield f"{name}.bias", path + ("bias",), "copy"
-
-
-def _piece(kind: str) -> tuple[int, int]:
-    """(index, count) of a fused tensor's slice along its first axis."""
-    fused, _, part = kind.partition("_")
-    order = ("query", "key", "value") if fused.startswith("qkv") else ("input", "gate")
-    return order.index(part), len(order)
-
-
-def to_ours(x: np.ndarray, kind: str, c: BertConfig) -> np.ndarray:
-    if kind == "copy":
-        return x
-    if kind == "linear":
-        return x.T
-    if kind == "attn_out":
-        return x.T.reshape(c.num_attention_heads, c.head_dim, c.hidden_size)
-    i, n = _piece(kind)
-    size = x.shape[0] // n
-    x = x[i * size:(i + 1) * size]
-    if kind.startswith("qkvb"):
-        return x.reshape(c.num_attention_heads, c.head_dim)
-    if kind.startswith("qkv"):
-        return x.T.reshape(c.hidden_size, c.num_attention_heads, c.head_dim)
-    return x.T if kind.startswith("wi_") else x
-
-
-def piece_to_hf(x, kind: str, c: BertConfig):
-    """Our tensor in HF layout: a whole tensor, or its slice of a fused one."""
-    if kind == "copy":
-        return x
-    if kind in ("linear", "wi_input", "wi_gate"):
-        return x.T
-    if kind == "attn_out":
-        return x.reshape(c.hidden_size, c.hidden_size).T
-    if kind.startswith("qkvb"):
-        return x.reshape(c.hidden_size)
-    if kind.startswith("qkv"):
-        return x.reshape(c.hidden_size, c.hidden_size).T
-    return x  # wib_*
-
-
-def to_hf_shape(x, kind: str, c: BertConfig):
-    """The whole HF tensor's shape from one row's (for the importer's shape checks):
-    a fused slice repeated as many times as the tensor has slices."""
-    y = piece_to_hf(x, kind, c)
-    if kind in ("copy", "linear", "attn_out"):
-        return y
-    _, n = _piece(kind)
-    import jax.numpy as jnp
-
-    return jnp.concatenate([y] * n, axis=0)
-
-
-def params_to_hf(params: Mapping, config: BertConfig, prefix: str = "model.") -> dict:
-    """Our tree (encoder under "bert", optionally "mlm") -> ModernBertForMaskedLM keys
-    (ModernBertModel's with prefix="" and no "mlm")."""
-    def get(path):
-        node = params
-        for p in path:
-            node = node[p]
-        return np.asarray(node)
-
-    rows = [(n, ("bert",) + p, k) for n, p, k in layout(config, prefix)]
-    if "mlm" in params:
-        rows += head_layout(config)
-    pieces: dict[str, list] = {}
-    for name, path, kind in rows:
-        pieces.setdefault(name, []).append(piece_to_hf(get(path), kind, config))
-    state = {n: (v[0] if len(v) == 1 else np.concatenate(v, axis=0)) for n, v in pieces.items()}
-    if "mlm" in params:
-        state["decoder.weight"] = state[f"{prefix}embeddings.tok_embeddings.weight"]
-    return {k: np.ascontiguousarray(v) for k, v in state.items()}
+        yield f"{name}.bias", path + ("bias",), COPY

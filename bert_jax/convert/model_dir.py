@@ -76,7 +76,9 @@ def save_model_dir(path: str, params: Any, config: BertConfig,
     with ocp.StandardCheckpointer(multiprocessing_options=alone) as ckptr:
         ckptr.save(paths.join(tmp, PARAMS_NAME), params)
         ckptr.wait_until_finished()
-    config.replace(scan_layers=False).to_json_file(paths.join(tmp, CONFIG_NAME))
+    # No FP8 scaling state travels in a model directory (it is training state): its
+    # config says so, and whatever loads it computes without FP8.
+    config.replace(scan_layers=False, fp8=False).to_json_file(paths.join(tmp, CONFIG_NAME))
     if vocab_file:
         paths.copy_file(vocab_file, paths.join(tmp, VOCAB_NAME))
     if task:

@@ -231,7 +231,10 @@ def build_module(params: Mapping, config: BertConfig, head: str,
     import tensorflow as tf
     from jax.experimental import jax2tf
 
-    config = config.replace(scan_layers=False, remat="none", attention="xla")
+    # An exported program runs on every platform it names, and its logits are held to
+    # ours at 1e-4: model.dtype=auto exports float32 (an explicit dtype is kept).
+    config = config.replace(scan_layers=False, remat="none", attention="xla",
+                            dtype=config.dtype_for("cpu"), fp8=False)
     fn, used = head_function(head, config, params)
     leaves_with_path, treedef = jax.tree_util.tree_flatten_with_path(used)
     names = [_path_name(p) for p, _ in leaves_with_path]

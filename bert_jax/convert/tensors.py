@@ -1,18 +1,18 @@
 """Format-independent machinery for moving named tensors in and out of our parameter tree.
 
-A checkpoint format (TF1, Hugging Face) is described by a *layout*: rows of
-`(source_name, our_path, kind)`, where `our_path` starts at the root of our tree
-("bert", "mlm", "nsp", "classifier", "qa_outputs") and `kind` names a pair of layout
-transforms (`to_ours[kind]`, `to_source[kind]`). Everything else -- which tensors must be
-there, what shape each must have, what is left over -- is decided here, once, from the
-names and shapes alone, so a checkpoint of the wrong model size fails before any tensor
-is read.
+A checkpoint format (formats.Format: TF1, Hugging Face BERT, ModernBERT) lists its tensors
+as rows of `(source_name, our_path, kind)`, where `our_path` starts at the root of our tree
+("bert", "mlm", "nsp", "classifier", "qa_outputs") and `kind` (formats.Kind / Fused) turns
+a tensor from the source's layout into ours and back (`to_ours`, `to_source`,
+`source_shape`). Everything else -- which tensors must be there, what shape each must
+have, what is left over -- is decided here, once, from the names and shapes alone, so a
+checkpoint of the wrong model size fails before any tensor is read.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import flax
 import jax
@@ -23,7 +23,7 @@ from bert_jax.errors import UserError
 from bert_jax.models.bert import BertModel
 from bert_jax.models.config import BertConfig
 
-Row = tuple[str, tuple, str]  # (source name, our path, kind)
+Row = tuple[str, tuple, Any]  # (source name, our path, kind: formats.Kind / Fused)
 
 
 class ConversionError(UserError, ValueError):
@@ -73,14 +73,8 @@ def our_shapes(config: BertConfig) -> dict[tuple, tuple]:
     return shapes
 
 
-def _source_shape(our_shape: tuple, fn: Callable) -> tuple:
-    # The layout transforms are transposes and reshapes: trace them on a shape only.
-    out = jax.eval_shape(fn, jax.ShapeDtypeStruct(our_shape, np.float32))
-    return tuple(out.shape)
-
-
 def plan_import(encoder: Sequence[Row], heads: Sequence[Row], available: Mapping[str, tuple],
-                to_source: Mapping[str, Callable], config: BertConfig, source: str,
+                config: BertConfig, source: str,
                 is_skipped: Callable[[str], bool] = lambda name: False):
     """Decides what to read, from names and shapes only.
 
@@ -94,7 +88,7 @@ def plan_import(encoder: Sequence[Row], heads: Sequence[Row], available: Mapping
     def check(name, path, kind):
         got = tuple(available[name])
         if path in ours:
-            want = _source_shape(ours[path], to_source[kind])
+            want = kind.source_shape(ours[path], config)
         else:  # a classifier: any number of labels, but the hidden size must match
             want = None
             if path[-1] == "kernel" and config.hidden_size not in got:
@@ -142,9 +136,8 @@ def plan_import(encoder: Sequence[Row], heads: Sequence[Row], available: Mapping
     return rows, report
 
 
-def read_params(rows: Iterable[Row], load: Callable[[str], np.ndarray],
-                to_ours: Mapping[str, Callable], config: BertConfig, report: ImportReport,
-                progress: bool = False) -> dict:
+def read_params(rows: Iterable[Row], load: Callable[[str], np.ndarray], config: BertConfig,
+                report: ImportReport, progress: bool = False) -> dict:
     """Reads every planned tensor with `load(name)` and returns our (nested) tree,
     in the config's param_dtype. Float16/bfloat16 sources are cast (and reported)."""
     rows = list(rows)
@@ -162,22 +155,24 @@ def read_params(rows: Iterable[Row], load: Callable[[str], np.ndarray],
             report.cast.append((name, x.dtype.name))
             report.param_dtype = target.name
             x = x.astype(target)
-        flat[path] = np.ascontiguousarray(to_ours[kind](x))
+        flat[path] = np.ascontiguousarray(kind.to_ours(x, config))
     return flax.traverse_util.unflatten_dict(flat)
 
 
 def write_params(params: Mapping, layout: Iterable[Row],
-                 to_source: Mapping[str, Callable]) -> dict[str, np.ndarray]:
-    """Our tree -> {source name: array} for every row whose head is in `params`."""
+                 config: BertConfig) -> dict[str, np.ndarray]:
+    """Our tree -> {source name: array} for every row whose head is in `params`; the rows
+    of one name (the slices of a fused tensor) are joined along its first axis, in order."""
     flat = flax.traverse_util.flatten_dict(dict(params))
-    out = {}
+    pieces: dict[str, list] = {}
     for name, path, kind in layout:
         if path[0] not in params:
             continue
         if path not in flat:
             raise ConversionError(f"parameter {'/'.join(path)} is missing from the tree")
-        out[name] = np.ascontiguousarray(to_source[kind](np.asarray(flat[path])))
-    return out
+        pieces.setdefault(name, []).append(kind.to_source(np.asarray(flat[path]), config))
+    return {name: np.ascontiguousarray(p[0] if len(p) == 1 else np.concatenate(p, axis=0))
+            for name, p in pieces.items()}
 
 
 def unmapped(params: Mapping, layout: Iterable[Row]) -> list[str]:

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, Optional
 
 import numpy as np
 
+from bert_jax import paths
 from bert_jax.convert import tensors
+from bert_jax.convert.formats import ATTN_OUT, COPY, QKV, QKV_BIAS, TRANSPOSE, Format
 from bert_jax.convert.hf import HF_CONFIG_EXTRA_KEYS
 from bert_jax.convert.tensors import ConversionError, Row
 from bert_jax.models.config import ORIGINAL_KEYS, BertConfig
-from bert_jax import paths
 
 CKPT_NAME = "bert_model.ckpt"
 CONFIG_NAME = "bert_config.json"
@@ -34,69 +35,79 @@ CONFIG_NAME = "bert_config.json"
 ORIGINAL_LAYER_NORM_EPS = 1e-12
 
 
-def encoder_layout(config: BertConfig) -> Iterator[Row]:
-    """(TF name, our path, kind) for every tensor of the encoder, in checkpoint order."""
-    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-        yield f"bert/embeddings/{table}", ("bert", "embeddings", table, "embedding"), "copy"
-    yield "bert/embeddings/LayerNorm/gamma", ("bert", "embeddings", "LayerNorm", "scale"), "copy"
-    yield "bert/embeddings/LayerNorm/beta", ("bert", "embeddings", "LayerNorm", "bias"), "copy"
-    for i in range(config.num_hidden_layers):
-        t, o = f"bert/encoder/layer_{i}/", ("bert", "encoder", f"layer_{i}")
-        for proj in ("query", "key", "value"):
-            yield f"{t}attention/self/{proj}/kernel", o + ("attention", proj, "kernel"), "qkv"
-            yield f"{t}attention/self/{proj}/bias", o + ("attention", proj, "bias"), "qkv_bias"
-        yield f"{t}attention/output/dense/kernel", o + ("attention", "output", "kernel"), "attn_out"
-        yield f"{t}attention/output/dense/bias", o + ("attention", "output", "bias"), "copy"
-        yield f"{t}attention/output/LayerNorm/gamma", o + ("attention_norm", "scale"), "copy"
-        yield f"{t}attention/output/LayerNorm/beta", o + ("attention_norm", "bias"), "copy"
-        yield f"{t}intermediate/dense/kernel", o + ("intermediate", "kernel"), "copy"
-        yield f"{t}intermediate/dense/bias", o + ("intermediate", "bias"), "copy"
-        yield f"{t}output/dense/kernel", o + ("output", "kernel"), "copy"
-        yield f"{t}output/dense/bias", o + ("output", "bias"), "copy"
-        yield f"{t}output/LayerNorm/gamma", o + ("output_norm", "scale"), "copy"
-        yield f"{t}output/LayerNorm/beta", o + ("output_norm", "bias"), "copy"
-    yield "bert/pooler/dense/kernel", ("bert", "pooler", "kernel"), "copy"
-    yield "bert/pooler/dense/bias", ("bert", "pooler", "bias"), "copy"
+class Tf1Format(Format):
+    """Google's TF1 names: every encoder name under `bert/` (no prefix to find), the heads
+    of run_pretraining / run_classifier / run_squad, training state skipped."""
+
+    title = "TF"
+
+    def encoder_rows(self, config: BertConfig, prefix: str = "") -> Iterator[Row]:
+        """(TF name, our path, kind) of every encoder tensor, in checkpoint order. Dense
+        kernels are [in, out] as ours: only the attention's are reshaped."""
+        for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+            yield f"bert/embeddings/{table}", ("bert", "embeddings", table, "embedding"), COPY
+        yield "bert/embeddings/LayerNorm/gamma", ("bert", "embeddings", "LayerNorm", "scale"), COPY
+        yield "bert/embeddings/LayerNorm/beta", ("bert", "embeddings", "LayerNorm", "bias"), COPY
+        for i in range(config.num_hidden_layers):
+            t, o = f"bert/encoder/layer_{i}/", ("bert", "encoder", f"layer_{i}")
+            for proj in ("query", "key", "value"):
+                yield f"{t}attention/self/{proj}/kernel", o + ("attention", proj, "kernel"), QKV
+                yield (f"{t}attention/self/{proj}/bias", o + ("attention", proj, "bias"),
+                       QKV_BIAS)
+            yield (f"{t}attention/output/dense/kernel", o + ("attention", "output", "kernel"),
+                   ATTN_OUT)
+            yield f"{t}attention/output/dense/bias", o + ("attention", "output", "bias"), COPY
+            yield f"{t}attention/output/LayerNorm/gamma", o + ("attention_norm", "scale"), COPY
+            yield f"{t}attention/output/LayerNorm/beta", o + ("attention_norm", "bias"), COPY
+            yield f"{t}intermediate/dense/kernel", o + ("intermediate", "kernel"), COPY
+            yield f"{t}intermediate/dense/bias", o + ("intermediate", "bias"), COPY
+            yield f"{t}output/dense/kernel", o + ("output", "kernel"), COPY
+            yield f"{t}output/dense/bias", o + ("output", "bias"), COPY
+            yield f"{t}output/LayerNorm/gamma", o + ("output_norm", "scale"), COPY
+            yield f"{t}output/LayerNorm/beta", o + ("output_norm", "bias"), COPY
+        yield "bert/pooler/dense/kernel", ("bert", "pooler", "kernel"), COPY
+        yield "bert/pooler/dense/bias", ("bert", "pooler", "bias"), COPY
+
+    def head_rows(self, config: BertConfig) -> tuple[Row, ...]:
+        return HEAD_ROWS
+
+    def is_skipped(self, name: str) -> bool:
+        return is_training_state(name)
+
+    def check_exportable(self, config: BertConfig) -> None:
+        if config.pre_ln:
+            raise ConversionError("pre-LN models have no original TF layout")
+
+    def config_from(self, d: Mapping, source: str) -> BertConfig:
+        """A bert_config.json's dict (original keys; a layer_norm_eps of ours is honoured)."""
+        return BertConfig.from_dict(d, ignore=HF_CONFIG_EXTRA_KEYS, source=source)
+
+    def config_to(self, config: BertConfig, params: Optional[Mapping] = None,
+                  task: Optional[Mapping] = None) -> dict:
+        return config_to_tf(config)
 
 
-HEAD_LAYOUT: tuple[Row, ...] = (
+HEAD_ROWS: tuple[Row, ...] = (
     # run_pretraining.py
-    ("cls/predictions/transform/dense/kernel", ("mlm", "transform", "kernel"), "copy"),
-    ("cls/predictions/transform/dense/bias", ("mlm", "transform", "bias"), "copy"),
-    ("cls/predictions/transform/LayerNorm/gamma", ("mlm", "transform_norm", "scale"), "copy"),
-    ("cls/predictions/transform/LayerNorm/beta", ("mlm", "transform_norm", "bias"), "copy"),
-    ("cls/predictions/output_bias", ("mlm", "output_bias"), "copy"),
-    ("cls/seq_relationship/output_weights", ("nsp", "dense", "kernel"), "transposed"),
-    ("cls/seq_relationship/output_bias", ("nsp", "dense", "bias"), "copy"),
+    ("cls/predictions/transform/dense/kernel", ("mlm", "transform", "kernel"), COPY),
+    ("cls/predictions/transform/dense/bias", ("mlm", "transform", "bias"), COPY),
+    ("cls/predictions/transform/LayerNorm/gamma", ("mlm", "transform_norm", "scale"), COPY),
+    ("cls/predictions/transform/LayerNorm/beta", ("mlm", "transform_norm", "bias"), COPY),
+    ("cls/predictions/output_bias", ("mlm", "output_bias"), COPY),
+    ("cls/seq_relationship/output_weights", ("nsp", "dense", "kernel"), TRANSPOSE),
+    ("cls/seq_relationship/output_bias", ("nsp", "dense", "bias"), COPY),
     # run_classifier.py (top-level names) and run_squad.py
-    ("output_weights", ("classifier", "dense", "kernel"), "transposed"),
-    ("output_bias", ("classifier", "dense", "bias"), "copy"),
-    ("cls/squad/output_weights", ("qa_outputs", "dense", "kernel"), "transposed"),
-    ("cls/squad/output_bias", ("qa_outputs", "dense", "bias"), "copy"),
+    ("output_weights", ("classifier", "dense", "kernel"), TRANSPOSE),
+    ("output_bias", ("classifier", "dense", "bias"), COPY),
+    ("cls/squad/output_weights", ("qa_outputs", "dense", "kernel"), TRANSPOSE),
+    ("cls/squad/output_bias", ("qa_outputs", "dense", "bias"), COPY),
 )
+TF1 = Tf1Format()
 
 
 def layout(config: BertConfig) -> list[Row]:
-    return list(encoder_layout(config)) + list(HEAD_LAYOUT)
-
-
-def _transforms(c: BertConfig):
-    h, n, d = c.hidden_size, c.num_attention_heads, c.head_dim
-    to_ours = {
-        "copy": lambda x: x,
-        "transposed": lambda x: x.T,
-        "qkv": lambda x: x.reshape(h, n, d),
-        "qkv_bias": lambda x: x.reshape(n, d),
-        "attn_out": lambda x: x.reshape(n, d, h),
-    }
-    to_tf = {
-        "copy": lambda x: x,
-        "transposed": lambda x: x.T,
-        "qkv": lambda x: x.reshape(h, h),
-        "qkv_bias": lambda x: x.reshape(h),
-        "attn_out": lambda x: x.reshape(h, h),
-    }
-    return to_ours, to_tf
+    """Every TF1 row: the encoder's, then the heads'."""
+    return TF1.rows(config)
 
 
 def is_training_state(name: str) -> bool:
@@ -120,7 +131,7 @@ def read_config(path: str) -> BertConfig:
             d = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from e
-    return BertConfig.from_dict(d, ignore=HF_CONFIG_EXTRA_KEYS, source=path)
+    return TF1.config_from(d, path)
 
 
 def config_to_tf(config: BertConfig) -> dict:
@@ -172,26 +183,16 @@ def read_checkpoint(prefix: str, config: BertConfig, progress: bool = False):
     import tensorflow as tf
 
     prefix = checkpoint_prefix(prefix)
-    available = list_checkpoint(prefix)
-    to_ours, to_tf = _transforms(config)
-    rows, report = tensors.plan_import(
-        list(encoder_layout(config)), HEAD_LAYOUT, available, to_tf, config, source=prefix,
-        is_skipped=is_training_state)
+    rows, report = TF1.plan(list_checkpoint(prefix), config, prefix)
     reader = tf.train.load_checkpoint(prefix)
-    params = tensors.read_params(rows, reader.get_tensor, to_ours, config, report, progress)
+    params = tensors.read_params(rows, reader.get_tensor, config, report, progress)
     return params, report
 
 
 def params_to_tf(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
     """Our tree (encoder under "bert", heads beside it) -> {original TF name: array}."""
-    if config.pre_ln:
-        raise ConversionError("pre-LN models have no original TF layout")
-    rows = layout(config)
-    left = tensors.unmapped(params, rows)
-    if left:
-        raise ConversionError(f"parameters with no TF name: {left[:10]}")
-    _, to_tf = _transforms(config)
-    return tensors.write_params(params, rows, to_tf)
+    TF1.check_writable(params, config)
+    return TF1.arrays(params, config)
 
 
 def write_checkpoint(prefix: str, arrays: Mapping[str, np.ndarray]) -> None:

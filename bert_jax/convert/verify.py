@@ -2,8 +2,9 @@
 report the largest absolute difference of every output.
 
 References: `hf:DIR` (transformers + torch, BertModel / BertForPreTraining from a Hugging
-Face directory, or ModernBertModel / ModernBertForMaskedLM for model_type "modernbert") or `tf:CKPT` (a TF1 checkpoint run by `tf_reference.py`). Differences are
-taken at real (non-padding) tokens only.
+Face directory, or ModernBertModel / ModernBertForMaskedLM for model_type "modernbert") or
+`tf:CKPT` (a TF1 checkpoint run by `tf_reference.py`). Differences are taken at real
+(non-padding) tokens only.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from bert_jax import paths
 from bert_jax.convert import sources, tf_reference
 from bert_jax.convert import tf as tfc
 from bert_jax.convert.extract import Example, encode_example
-from bert_jax.convert.hf_files import _open_weights
+from bert_jax.convert.hf_files import open_weights
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.models.bert import BertForPreTraining, BertModel
 from bert_jax.models.config import BertConfig
@@ -64,7 +65,9 @@ def run_ours(params: Mapping, config: BertConfig, batch: Mapping) -> dict[str, n
     the heads are in `params`."""
     import jax
 
-    config = config.replace(scan_layers=False, remat="none")
+    # Held to the reference at float32 tolerances on any host: auto computes float32.
+    config = config.replace(scan_layers=False, remat="none", dtype=config.dtype_for("cpu"),
+                            fp8=False)
     args = (batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
     seq, pooled = jax.jit(BertModel(config).apply)({"params": params["bert"]}, *args)
     out = {"sequence_output": np.asarray(seq)}
@@ -142,7 +145,7 @@ def verify(checkpoint: str, reference: str, tokenizer=None, length: int = 64,
         tokenizer = _tokenizer_for(vocab, path, config, do_lower_case)
     batch = sample_batch(config, tokenizer, length)
     if kind == "hf":
-        names, _, _ = _open_weights(path)
+        names, _, _ = open_weights(path)
         ref_heads = tuple(h for h, n in (("mlm", "cls.predictions.bias"),
                                          ("mlm", "decoder.bias"),
                                          ("nsp", "cls.seq_relationship.weight")) if n in names)

@@ -22,15 +22,10 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from bert_jax.data import features as features_lib
+from bert_jax.data.features import DataCheckError, files_named
 from bert_jax.data.tokenization import check_unk_rate
-from bert_jax.errors import UserError
 
 MAX_LINES = 20
-
-
-class DataCheckError(UserError, ValueError):
-    """Pre-training input the run cannot use: records that do not match the config, empty
-    files, raw text (data.text_files) without any."""
 
 
 def group(problems: Sequence[tuple[str, str]]) -> list[str]:
@@ -54,12 +49,6 @@ def _raise(problems: list[str], what: str):
             f"{what}: {len(problems)} problem(s): " + "; ".join(shown)
             + (f"; ... and {more} more" if more else "")
             + ". Run `python -m bert_jax.data.inspect --input=<glob>` for a full report.")
-
-
-def files_named(files: Sequence[str], shown: int = 3) -> str:
-    """"a, b, c and 7 more": a list of files for a one-line message."""
-    names = ", ".join(files[:shown])
-    return names + (f" and {len(files) - shown} more" if len(files) > shown else "")
 
 
 def unk_counts(decoded: Sequence[Mapping[str, tuple[str, np.ndarray]]],

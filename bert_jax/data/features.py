@@ -5,7 +5,21 @@ create_pretraining_data.py): names, dtypes and lengths, and the packed-row forma
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
+
+from bert_jax.errors import UserError
+
+
+class DataCheckError(UserError, ValueError):
+    """Pre-training input the run cannot use: records that do not match the config, empty
+    files, raw text (data.text_files) without any."""
+
+
+def files_named(files: Sequence[str], shown: int = 3) -> str:
+    """"a, b, c and 7 more": a list of files for a one-line message."""
+    names = ", ".join(files[:shown])
+    return names + (f" and {len(files) - shown} more" if len(files) > shown else "")
+
 
 # name -> (dtype in the tf.train.Example, length key)
 PRETRAIN_FEATURES = {

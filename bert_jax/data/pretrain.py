@@ -41,6 +41,7 @@ import jax
 import ml_collections
 
 from bert_jax.data import checks, features, synthetic
+from bert_jax.data.features import DataCheckError
 from bert_jax.data.tokenization import vocab_info
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ def files_packing(cfg, files, what: str) -> int:
     DataCheckError for what a packed set cannot do (dynamic masking)."""
     pack = checks.files_packing(files)
     if pack and cfg.dynamic_masking:
-        raise checks.DataCheckError(
+        raise DataCheckError(
             f"{what} {checks.files_named(list(files))} hold {features.describe_packing(pack)}, "
             f"and data.dynamic_masking=True re-masks unpacked rows only; set "
             f"--config.data.dynamic_masking=False (the files' own masks) or give unpacked files")
@@ -194,7 +195,7 @@ def eval_iterator(cfg, batch_size: int, *, process_index: int | None = None,
 def check_input(cfg, *, process_index: int | None = None,
                 process_count: int | None = None) -> None:
     """Checks the first records of each of this host's training (and eval) files against
-    the config before anything is compiled; raises `checks.DataCheckError` naming the file
+    the config before anything is compiled; raises `DataCheckError` naming the file
     and the expected and found values (or `tokenization.VocabError` when most of their
     tokens are [UNK]; a warning from tokenization.UNK_WARN on); packed and unpacked files
     mixed in train_files (or in eval_files) are named too. No-op for source="synthetic"."""

@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+import functools
+import zlib
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models import attention_ops
+from bert_jax.models import fp8 as fp8_lib
 from bert_jax.models.attention_ops import xla as xla_attention
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
@@ -34,14 +38,16 @@ class BertSelfAttention(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x, mask, positions=None, local=False, product_only=False):
+    def __call__(self, x, mask, positions=None, local=False, product_only=False, layer=None):
         """x: <dtype>[batch, length, embed]; mask: <bool>[batch, length] (True = real token),
         or for packed rows <int32>[batch, length] sequence ids (a token attends the tokens
         with its id; 0 = padding). positions: <int>[batch or 1, length], the rotary
         positions (None: 0 .. length - 1). local: whether this is a sliding-window layer,
         a Python bool, or a traced <bool>[] under nn.scan (the layers then share one body).
         product_only: return the output projection's (product before its bias, float32
-        bias) instead of its output (models/norm_ops.py adds the bias in its kernel)."""
+        bias) instead of its output (models/norm_ops.py adds the bias in its kernel).
+        layer: the layer's place in the stack, an int or under nn.scan a traced <int32>[]:
+        cuDNN's dropout takes a compile-time seed per layer (_cudnn_seeds)."""
         c = self.config
         drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
@@ -69,15 +75,19 @@ class BertSelfAttention(nn.Module):
         defer = (c.use_bias and c.position_embedding != "rotary"
                  and all(attention_ops.takes_biases(p) for p in paths)
                  and jnp.promote_types(c.compute_dtype, c.storage_dtype) == jnp.float32)
+        # model.fp8: each projection's product through its own FP8 op (models/fp8.py).
+        fp8_op = fp8_lib.op_class(c)
         proj = lambda name, dtype=c.compute_dtype, **kw: DenseGeneral(  # noqa: E731
             features=(c.num_attention_heads, c.head_dim), axis=-1, use_bias=c.use_bias,
             dtype=dtype, param_dtype=c.storage_dtype,
             kernel_init=weight_init(c, ("embed", "heads", "kv")),
-            bias_init=zeros_init(("heads", "kv")), name=name, **kw)
+            bias_init=zeros_init(("heads", "kv")), name=name,
+            **{"dot_general_cls": fp8_op, **kw})
         biases = None
         # The Pallas kernel writes dQ, dK, dV as one array: then the projections' input
-        # gradient is one product against the three kernels stacked (_qkv_products).
-        pack_grads = (defer and not c.fused_qkv and not self.is_initializing()
+        # gradient is one product against the three kernels stacked (_qkv_products), in the
+        # compute dtype: not under model.fp8, whose three products are FP8 ops.
+        pack_grads = (defer and not c.fused_qkv and not c.fp8 and not self.is_initializing()
                       and all(attention_ops.packs_grads(p, x.shape[1], c.pallas_options,
                                                         window) for p in paths))
         if c.fused_qkv:
@@ -85,7 +95,7 @@ class BertSelfAttention(nn.Module):
         elif pack_grads:
             q, k, v, biases = _packed_projection(proj, x, c.compute_dtype)
         elif defer:
-            (q, k, v), biases = zip(*(_unbiased_projection(proj, name, x)
+            (q, k, v), biases = zip(*(_unbiased_projection(proj, name, x, fp8_op)
                                       for name in ("query", "key", "value")))
         else:  # [batch, length, heads, kv] each
             q, k, v = proj("query")(x), proj("key")(x), proj("value")(x)
@@ -112,10 +122,21 @@ class BertSelfAttention(nn.Module):
                 return xla_attention.attention(
                     q, k, v, kv_mask, dropout=lambda p: drop(p, deterministic=self.deterministic))
             kw = {"window": w} if w else {}  # global layers call it exactly as before
-            return attention_ops.fused(
-                impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
-                dropout_key=dropout_key, pallas_options=c.pallas_options, biases=biases,
-                packed_grads=pack_grads, **kw)
+
+            def call(seed=0):
+                return attention_ops.fused(
+                    impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
+                    dropout_key=dropout_key, pallas_options=c.pallas_options,
+                    biases=biases, packed_grads=pack_grads, cudnn_seed=seed, **kw)
+
+            if impl != "cudnn" or dropout_key is None:
+                return call()
+            seeds = _cudnn_seeds(self.path, c.num_hidden_layers)
+            if layer is None or isinstance(layer, int):
+                return call(seeds[layer or 0])
+            # A traced index (nn.scan): one branch per layer, each with its own seed, so
+            # that each compiled cuDNN call runs once a step (its cost: cudnn.py).
+            return jax.lax.switch(layer, [functools.partial(call, s) for s in seeds])
 
         if one_path:
             impl, = paths
@@ -146,10 +167,19 @@ class BertSelfAttention(nn.Module):
             features=c.hidden_size, axis=(-2, -1),
             dtype=c.compute_dtype, param_dtype=c.storage_dtype,
             kernel_init=weight_init(c, ("heads", "kv", "embed"), "out"), use_bias=c.use_bias,
-            bias_init=zeros_init(("embed",)), name=name, **kw)
+            bias_init=zeros_init(("embed",)), name=name,
+            **{"dot_general_cls": fp8_op, **kw})
         if product_only:
-            return _unbiased_projection(out, "output", ctx)
+            return _unbiased_projection(out, "output", ctx, fp8_op)
         return out("output")(ctx)
+
+
+def _cudnn_seeds(path, layers: int) -> list[int]:
+    """cuDNN's dropout seeds (compile-time ints: attention_ops/cudnn.py) of the module at
+    `path` as layer 0 .. layers - 1 of a stack: hashes of its names and the layer, so that
+    every layer draws its own masks, scanned or not."""
+    name = "/".join(map(str, path))
+    return [zlib.crc32(f"{name}#{i}".encode()) & 0x7FFFFFFF for i in range(layers)]
 
 
 def band_mask(length: int, window: int, local=True):
@@ -179,22 +209,28 @@ def rotary(x, positions, theta):
     return (xf * cos + rotated * sin).astype(x.dtype)
 
 
-def _unbiased_projection(proj, name, x):
+def _unbiased_projection(proj, name, x, fp8_op=None):
     """(x W, bias) of the DenseGeneral `name`: its product before the bias, exactly the one
-    it computes (its own dot_general, recorded), and its bias parameter (as it promotes
-    it). The module's biased output is left unused (the compiled step drops it); the
-    parameters are the module's, unchanged."""
+    it computes (its own dot_general, recorded: jax.lax.dot_general, or an instance of
+    `fp8_op`, the FP8 op class, made inside the module as it makes its own, so that its
+    scaling state has the same name), and its bias parameter (as it promotes it). The
+    module's biased output is left unused (the compiled step drops it); the parameters
+    are the module's, unchanged."""
     seen = {}
 
-    def dot_general(lhs, rhs, dims, precision=None):
-        seen["product"] = jax.lax.dot_general(lhs, rhs, dims, precision=precision)
-        return seen["product"]
+    def recorded():
+        op = jax.lax.dot_general if fp8_op is None else fp8_op()
+
+        def dot_general(lhs, rhs, dims, precision=None):
+            seen["product"] = op(lhs, rhs, dims, precision=precision)
+            return seen["product"]
+        return dot_general
 
     def promote(inputs, kernel, bias, dtype=None, inexact=True):
         seen["bias"] = bias
         return DenseGeneral.promote_dtype(inputs, kernel, bias, dtype=dtype, inexact=inexact)
 
-    proj(name, dot_general=dot_general, promote_dtype=promote)(x)
+    proj(name, dot_general_cls=recorded, promote_dtype=promote)(x)
     return seen["product"], seen["bias"]
 
 
@@ -212,7 +248,7 @@ def _kernels_and_biases(proj, x, dtype):
             return jnp.zeros(lhs.shape[:1] + kernel.shape[1:], lhs.dtype)
 
         # Promoted as DenseGeneral promotes a bias: to at least its own dtype.
-        layer = proj(name, dtype=None, dot_general=grab)
+        layer = proj(name, dtype=None, dot_general=grab, dot_general_cls=None)
         biases.append(layer(jnp.zeros((1, x.shape[-1]), dtype))[0])
         kernels.append(grabbed["kernel"].astype(dtype))
     return kernels, biases

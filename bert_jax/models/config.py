@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from etils import epath
 
 from bert_jax.errors import UserError
+from bert_jax.models import backend
 
 # Keys of Google's original bert_config.json, in the order the original tool writes them.
 ORIGINAL_KEYS = (
@@ -33,7 +34,8 @@ REMAT_POLICIES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_save
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "pallas")
 GELU_BACKWARDS = ("auto", "xla", "pallas")
 RESIDUAL_NORMS = ("auto", "xla", "pallas")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+PARAM_DTYPES = ("float32", "bfloat16", "float16")
 DROPOUT_RNGS = ("hash", "jax")
 POSITION_EMBEDDINGS = ("learned", "rotary")
 INIT_SCHEMES = ("bert", "modernbert")
@@ -53,7 +55,14 @@ class BertConfig:
     The first block is exactly the original `bert_config.json`; the second is ours:
       layer_norm_eps: LayerNorm epsilon (1e-12 as the original TF code).
       pre_ln: LayerNorm before each sub-layer (plus a final one) instead of after (paper).
-      dtype: compute dtype; param_dtype: storage dtype of the parameters.
+      dtype: compute dtype: "auto" (bfloat16 when the step compiles for a GPU or TPU,
+        float32 on CPU: `dtype_for`), "float32", "bfloat16" or "float16"; param_dtype:
+        storage dtype of the parameters (float32 by default, whatever dtype is).
+      fp8: the encoder layers' dense products (Q, K, V and attention output projections,
+        the FFN's two) through flax's FP8 dot_general (Fp8DirectDotGeneralOp): operands
+        scaled into float8_e4m3fn, output gradients into float8_e5m2, each scale from
+        the largest magnitude of the last 1,024 steps (delayed scaling; see
+        models/fp8.py). Their scaling state is training state, not parameters.
       remat: what each layer keeps for the backward pass (see models/remat.py): none
         (everything XLA keeps), full (only the layer input; recompute the rest), minimal
         (the layer input, Q / K / V, the attention context and the residual-stream values
@@ -81,7 +90,9 @@ class BertConfig:
         those of its two backward kernels (0: as the forward's when that is set, else
         64 x 64). Powers of two >= 16; a block longer than the sequence is cut to it.
       pallas_num_warps, pallas_num_stages: Triton's warps per program (a power of two up
-        to 32) and software-pipelining stages (>= 1) for those kernels (0: 4 and 2).
+        to 32) and software-pipelining stages (>= 1) for those kernels (0: 4 and 2);
+        pallas_bwd_num_warps, pallas_bwd_num_stages: those of the backward kernels alone
+        (0: as the forward's).
         Run-time options: they change speed, never results (up to float summation order).
       gelu_backward: the backward pass of the FFN's bias + exact GELU (models/gelu_ops.py):
         "auto" (one Pallas kernel on GPU under bfloat16 / float16 compute, with the FFN's
@@ -134,8 +145,9 @@ class BertConfig:
 
     layer_norm_eps: float = 1e-12
     pre_ln: bool = False
-    dtype: str = "float32"
+    dtype: str = "auto"
     param_dtype: str = "float32"
+    fp8: bool = False
     remat: str = "none"
     scan_layers: bool = False
     scan_unroll: int | str = 1
@@ -148,6 +160,8 @@ class BertConfig:
     pallas_bwd_block_k: int = 0
     pallas_num_warps: int = 0
     pallas_num_stages: int = 0
+    pallas_bwd_num_warps: int = 0
+    pallas_bwd_num_stages: int = 0
     gelu_backward: str = "auto"
     residual_norm: str = "auto"
 
@@ -202,9 +216,17 @@ class BertConfig:
             raise ConfigError(
                 f"BertConfig.dropout_rng={self.dropout_rng!r}; expected one of {DROPOUT_RNGS}")
         self._check_scan_unroll()
-        for key in ("dtype", "param_dtype"):
-            if getattr(self, key) not in DTYPES:
-                raise ConfigError(f"BertConfig.{key}={getattr(self, key)!r}; expected one of {DTYPES}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"BertConfig.dtype={self.dtype!r}; expected one of {DTYPES}")
+        if self.param_dtype not in PARAM_DTYPES:
+            raise ConfigError(f"BertConfig.param_dtype={self.param_dtype!r}; expected one of "
+                              f"{PARAM_DTYPES}")
+        if not isinstance(self.fp8, bool):
+            raise ConfigError(f"BertConfig.fp8 must be true or false, got {self.fp8!r}")
+        if self.fp8 and self.fused_qkv:
+            raise ConfigError("BertConfig.fp8=True scales each of the Q, K, V products by its "
+                              "own amax history, which fused_qkv=True (one product over the "
+                              "three kernels) has not: set fused_qkv=False")
         self._check_pallas()
         self._check_architecture()
 
@@ -291,7 +313,10 @@ class BertConfig:
                  "pallas_bwd_block_k": ("a power of two >= 16",
                                         lambda v: v >= 16 and _pow2(v)),
                  "pallas_num_warps": ("a power of two <= 32", lambda v: v <= 32 and _pow2(v)),
-                 "pallas_num_stages": ("an integer >= 1", lambda v: v >= 1)}
+                 "pallas_num_stages": ("an integer >= 1", lambda v: v >= 1),
+                 "pallas_bwd_num_warps": ("a power of two <= 32",
+                                          lambda v: v <= 32 and _pow2(v)),
+                 "pallas_bwd_num_stages": ("an integer >= 1", lambda v: v >= 1)}
         for key, (what, ok) in rules.items():
             value = getattr(self, key)
             if (not isinstance(value, int) or isinstance(value, bool) or value < 0
@@ -305,16 +330,36 @@ class BertConfig:
         (attention_ops.pallas_flash.flash_attention): the unset (0) ones left out."""
         names = {"pallas_block_q": "block_q", "pallas_block_k": "block_k",
                  "pallas_bwd_block_q": "bwd_block_q", "pallas_bwd_block_k": "bwd_block_k",
-                 "pallas_num_warps": "num_warps", "pallas_num_stages": "num_stages"}
+                 "pallas_num_warps": "num_warps", "pallas_num_stages": "num_stages",
+                 "pallas_bwd_num_warps": "bwd_num_warps",
+                 "pallas_bwd_num_stages": "bwd_num_stages"}
         return {arg: getattr(self, key) for key, arg in names.items() if getattr(self, key)}
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
 
+    def dtype_for(self, platform: str) -> str:
+        """The compute dtype's name on `platform` ("gpu", "tpu", "cpu"): "auto" is
+        bfloat16 on GPU and TPU, whose matrix units and memory bandwidth pay for half
+        the bytes, and float32 on CPU, where bfloat16 has no speed to give and the
+        goldens and the quick start are float32; any other value is itself."""
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if platform in ("gpu", "tpu") else "float32"
+
+    def describe_compute(self, platform: str) -> str:
+        """The numerics on `platform` in a few words, for the run's first line: "compute
+        bfloat16 (model.dtype=auto), params float32", and ", FP8 products (model.fp8)"."""
+        line = (f"compute {self.dtype_for(platform)} (model.dtype={self.dtype}), params "
+                f"{self.param_dtype}")
+        return line + (", FP8 products (model.fp8)" if self.fp8 else "")
+
     @property
     def compute_dtype(self):
-        return jnp.dtype(self.dtype)
+        """The compute dtype of the trace in progress: `dtype_for` the platform it compiles
+        for (backend.platform: the mesh's devices, a compile target's included)."""
+        return jnp.dtype(self.dtype_for(backend.platform()))
 
     @property
     def storage_dtype(self):
@@ -357,7 +402,12 @@ class BertConfig:
         return d
 
     def to_json_string(self, original_only: bool = False) -> str:
-        return json.dumps(self.to_dict(original_only), indent=2, sort_keys=True) + "\n"
+        d = self.to_dict(original_only)
+        if d.get("dtype") == "auto":
+            # Left out (the default when read back): transformers reads a bert_config.json's
+            # "dtype" as a torch dtype's name (getattr(torch, value)), which "auto" is not.
+            del d["dtype"]
+        return json.dumps(d, indent=2, sort_keys=True) + "\n"
 
     def to_json_file(self, path: str | os.PathLike, original_only: bool = False) -> None:
         with epath.Path(path).open("w", encoding="utf-8") as f:  # local or gs://

@@ -33,8 +33,10 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
+from bert_jax.models import fp8 as fp8_lib
 from bert_jax.models import gelu_ops, norm_ops
 from bert_jax.models.attention import BertSelfAttention
 from bert_jax.models.attention_ops import platform
@@ -107,10 +109,12 @@ class BertLayer(nn.Module):
             attention_norm = lambda h: h  # noqa: E731
         width = c.intermediate_size
         intermediate = dense(c, width, ("embed", "mlp"), "intermediate", c.use_bias,
-                             product_name="ffn_pre")
-        gate = (dense(c, width, ("embed", "mlp"), "gate", c.use_bias, product_name="ffn_pre")
+                             product_name="ffn_pre", fp8=True)
+        gate = (dense(c, width, ("embed", "mlp"), "gate", c.use_bias, product_name="ffn_pre",
+                      fp8=True)
                 if c.ffn_type != "dense" else None)
-        output = dense(c, c.hidden_size, ("mlp", "embed"), "output", c.use_bias, "out")
+        output = dense(c, c.hidden_size, ("mlp", "embed"), "output", c.use_bias, "out",
+                       fp8=True)
         output_norm = layer_norm(c, "output_norm", "norm_stats")
         act = activation(c.hidden_act)
 
@@ -118,7 +122,7 @@ class BertLayer(nn.Module):
         # "gelu" without remat, "gelu_matmul" (the second product included, the GELU output
         # recomputed in that kernel) under remat.
         kernel = (gelu_ops.path(c.gelu_backward, platform(), c.compute_dtype, c.hidden_act,
-                                c.remat) if gate is None and c.use_bias else None)
+                                c.remat, fp8=c.fp8) if gate is None and c.use_bias else None)
 
         def ffn(h, product_only=False):
             if kernel == "gelu_matmul":
@@ -135,7 +139,8 @@ class BertLayer(nn.Module):
             return checkpoint_name(a + drop(b, deterministic=self.deterministic), name)
 
         def attend(h, product_only=False):
-            return attention(h, mask, positions, local, product_only=product_only)
+            return attention(h, mask, positions, local, product_only=product_only,
+                             layer=self.index if index is None else index)
 
         # Post-LN's bias + dropout + residual + LayerNorm as one kernel each way
         # (model.residual_norm): the sublayers hand over their products before the bias.
@@ -203,16 +208,20 @@ class BertEncoder(nn.Module):
             if not c.layer0_attention_norm:
                 x = layer_cls(c, deterministic, name="layer_0")(x, mask, positions)
                 first = 1
-            if c.layer_window(1):  # local layers: each scanned step gets its index
+            # Each scanned step gets its index with local layers (local or global) and on
+            # cuDNN's attention (its dropout seed: attention.py); a numpy constant, so that
+            # unrolled, XLA folds what each layer's index decides (lax.cond / lax.switch)
+            if c.layer_window(1) or c.attention == "cudnn":
                 in_axes = (nn.broadcast, nn.broadcast, 0)
                 args = (mask, positions,
-                        jnp.arange(first, c.num_hidden_layers, dtype=jnp.int32))
+                        np.arange(first, c.num_hidden_layers, dtype=np.int32))
             else:
                 in_axes, args = nn.broadcast, (mask, positions)
             length = c.num_hidden_layers - first
             stack = nn.scan(
                 layer_cls,
-                variable_axes={"params": 0},
+                # each layer's FP8 scaling state stacked as its params are
+                variable_axes={"params": 0, fp8_lib.COLLECTION: 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=in_axes,
                 length=length,

@@ -232,20 +232,23 @@ def _sharded_backward(p, bias, g, interpret, lead, with_output=False):
                          check_vma=False)(p, bias, g)
 
 
-def path(impl: str, plat: str, dtype, hidden_act: str, remat: str = "none"):
+def path(impl: str, plat: str, dtype, hidden_act: str, remat: str = "none",
+         fp8: bool = False):
     """Which kernel model.gelu_backward=impl takes for an FFN of `hidden_act` in compute
     `dtype` on platform `plat` under model.remat=`remat`: None (XLA's backward pass), "gelu"
     (bias_gelu) or "gelu_matmul" (gelu_matmul, under remat). "auto": a kernel on GPU for an
     exact-GELU FFN in bfloat16 / float16. Under remat the backward pass needs the GELU's
     output again (the FFN's second product): gelu_matmul's kernel recomputes it beside
     GELU' g, reading the product once, where bias_gelu would leave XLA a second pass for
-    it (BERT-Large's step: 6 GiB more than XLA's own fusion on the H100 description)."""
+    it (BERT-Large's step: 6 GiB more than XLA's own fusion on the H100 description).
+    With `fp8` (model.fp8) the FFN's second product is an FP8 op of its own, which
+    gelu_matmul's backward pass (a plain product) would bypass: "gelu" instead."""
     if impl == "xla" or hidden_act != "gelu":
         return None
     if impl == "auto" and not (plat == "gpu"
                                and jnp.dtype(dtype) in (jnp.bfloat16, jnp.float16)):
         return None
-    return "gelu" if remat == "none" else "gelu_matmul"
+    return "gelu" if remat == "none" or fp8 else "gelu_matmul"
 
 
 def bias_gelu(p, bias, *, interpret: bool | None = None):

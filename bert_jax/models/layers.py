@@ -12,6 +12,7 @@ from flax.linen import normalization as _flax_norm
 from flax.linen.dtypes import canonicalize_dtype, promote_dtype
 from jax.ad_checkpoint import checkpoint_name
 
+from bert_jax.models import fp8 as fp8_lib
 from bert_jax.models import gelu_ops, norm_ops
 from bert_jax.models.gelu_ops import gelu_erf  # the FFN's GELU lives beside its kernels
 from bert_jax.models.config import BertConfig
@@ -145,12 +146,15 @@ def add_bias(x, bias):
 
 
 def dense(config: BertConfig, features: int, axes: tuple[str, str], name: str,
-          use_bias: bool = True, role: str = "in", product_name: str | None = None) -> Dense:
+          use_bias: bool = True, role: str = "in", product_name: str | None = None,
+          fp8: bool = False) -> Dense:
     """A Dense layer whose kernel is named `axes` (in, out) and bias `axes[1]` (none when
     `use_bias` is False); `role` picks the kernel's init std (init_std); `product_name`
-    names x @ W for remat policies (Dense)."""
+    names x @ W for remat policies (Dense); `fp8`: its product in FP8 when the config's
+    model.fp8 is on (models/fp8.py: the encoder layers' products, not the heads')."""
     return Dense(
         features,
+        dot_general_cls=fp8_lib.op_class(config) if fp8 else None,
         use_bias=use_bias,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,

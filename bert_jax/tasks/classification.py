@@ -53,7 +53,8 @@ def assemble_pair(a: list[int], b: Optional[list[int]], cls_id: int, sep_id: int
     return ids, segments
 
 
-def _encode_all(tokenizer, texts: list[str]) -> list[list[int]]:
+def encode_all(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text (a batch call where the tokenizer has one)."""
     if hasattr(tokenizer, "encode_batch"):
         return [list(x) for x in tokenizer.encode_batch(texts)]
     return [tokenizer.encode(t) for t in texts]
@@ -71,9 +72,9 @@ def convert_examples(examples: Sequence[PairExample], tokenizer, max_seq_length:
     out["label_ids"] = np.zeros([n], np.float32 if labels is None else np.int32)
     out["example_index"] = np.arange(n, dtype=np.int32)
     label_map = {l: i for i, l in enumerate(labels)} if labels is not None else None
-    ids_a = _encode_all(tokenizer, [e.text_a for e in examples])
+    ids_a = encode_all(tokenizer, [e.text_a for e in examples])
     with_b = [i for i, e in enumerate(examples) if e.text_b is not None]
-    ids_b = dict(zip(with_b, _encode_all(tokenizer, [examples[i].text_b for i in with_b])))
+    ids_b = dict(zip(with_b, encode_all(tokenizer, [examples[i].text_b for i in with_b])))
     for i, ex in enumerate(examples):
         ids, seg = assemble_pair(ids_a[i], ids_b.get(i), tokenizer.cls_id, tokenizer.sep_id,
                                  max_seq_length)

@@ -35,15 +35,20 @@ def base_config() -> ml_collections.ConfigDict:
     c.sweep = sweep_config()
     # Run-time options on top of the checkpoint's config; a placeholder left at None keeps
     # the checkpoint's value (keys exist so that --config.model_overrides.<key> parses).
+    # dtype is the run's, as in pre-training: "auto" (bfloat16 on GPU / TPU, float32 on
+    # CPU) whatever the checkpoint was trained in (model directories written before auto
+    # name float32). fp8 (FP8 products) is off unless asked for: a checkpoint carries none.
     c.model_overrides = ml_collections.ConfigDict(dict(
         hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
-        dtype=placeholder(str), param_dtype=placeholder(str), remat=placeholder(str),
+        dtype="auto", param_dtype=placeholder(str), remat=placeholder(str),
+        fp8=placeholder(bool),
         scan_layers=placeholder(bool), scan_unroll=ml_collections.FieldReference(None, field_type=object),
         dropout_rng=placeholder(str),
         attention=placeholder(str), fused_qkv=placeholder(bool),
         pallas_block_q=placeholder(int), pallas_block_k=placeholder(int),
         pallas_bwd_block_q=placeholder(int), pallas_bwd_block_k=placeholder(int),
         pallas_num_warps=placeholder(int), pallas_num_stages=placeholder(int),
+        pallas_bwd_num_warps=placeholder(int), pallas_bwd_num_stages=placeholder(int),
         gelu_backward=placeholder(str), residual_norm=placeholder(str)))
     c.tokenizer = ml_collections.ConfigDict(dict(vocab_file="", do_lower_case=True))
     # Used only without init_checkpoint (training from scratch): BERT-Base by default.

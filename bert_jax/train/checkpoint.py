@@ -1,6 +1,7 @@
 """Checkpoints of a training run: orbax CheckpointManager under WORKDIR/checkpoints.
 
-    WORKDIR/checkpoints/<step>/state/    params, opt_state, step, rng key (orbax, sharded)
+    WORKDIR/checkpoints/<step>/state/    params, opt_state, step, rng key (orbax, sharded),
+                                         and a model.fp8 run's FP8 scaling state (fp8)
                               /data/     each process's input-iterator state
                                          (bert_jax.data.checkpointing: process_<i>-of-<n>.npz)
                               /config/   the run's config (JSON), for reading back a run
@@ -32,7 +33,9 @@ A checkpoint of another model shape is a CheckpointMismatchError, before any ten
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from typing import Any, Optional
 
 import flax
@@ -45,6 +48,7 @@ from bert_jax.convert.sources import plain, reader
 from bert_jax.data.checkpointing import InputStateRestore, InputStateSave
 from bert_jax.errors import ReportedError
 from bert_jax.train import checkpoint_faults as faults
+from bert_jax.train import coordination
 from bert_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -60,8 +64,12 @@ class Checkpointer:
     otherwise temporary folders left by a killed save are removed when it opens."""
 
     def __init__(self, workdir: str, *, every: int, keep: int = 3, keep_period: int = 0,
-                 async_save: bool = True, read_only: bool = False):
+                 async_save: bool = True, read_only: bool = False, timeout: int = 300,
+                 fail_at_step: Optional[int] = None):
         self.directory = paths.join(workdir, "checkpoints")  # gs://... stays a URI
+        # A fault drill's hook: the save of this step fails on this process (no space).
+        self.fail_at_step = fail_at_step
+        multi = jax.process_count() > 1
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=max(int(every), 1),
             max_to_keep=int(keep) if keep and keep > 0 else None,
@@ -70,6 +78,9 @@ class Checkpointer:
             create=not read_only,
             read_only=bool(read_only),
             cleanup_tmp_directories=not read_only,
+            async_options=ocp.AsyncOptions(
+                timeout_secs=int(timeout),
+                barrier_sync_fn=coordination.save_barrier if multi else None),
         )
         faults.quiet_orbax_errors()  # a fault is reported in one line, not 200 tracebacks
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -95,12 +106,14 @@ class Checkpointer:
         self._settle()
         tree = {"step": state.step, "params": state.params, "opt_state": state.opt_state,
                 "rng": jax.random.key_data(rng)}
+        if state.fp8:  # a model.fp8 run (none other has the item: their layout is as it was)
+            tree["fp8"] = state.fp8
         try:
             started = self.manager.save(
                 step,
                 args=ocp.args.Composite(
                     state=ocp.args.StandardSave(tree),
-                    data=InputStateSave(iterator=data_iterator),
+                    data=InputStateSave(iterator=data_iterator, fault=self._fault(step)),
                     config=ocp.args.JsonSave(config)),
                 force=force)
         except Exception as e:  # noqa: BLE001  (any failure of the writers is this step's)
@@ -108,6 +121,11 @@ class Checkpointer:
         if started:
             self._pending = step
         return started
+
+    def _fault(self, step: int) -> Optional[OSError]:
+        if step != self.fail_at_step:
+            return None
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected at step {step})")
 
     def check(self) -> None:
         """Raises CheckpointSaveError if the save in flight has finished and failed. Does not
@@ -127,9 +145,21 @@ class Checkpointer:
             raise self._save_failed(step, e) from None
 
     def _save_failed(self, step: int, error: BaseException) -> faults.CheckpointSaveError:
+        elsewhere = faults.cause(error, coordination.SaveFailedElsewhere)
+        if elsewhere is None:
+            coordination.save_failed(step)  # first: the others stop waiting for this one
         self.manager.reload()  # orbax dropped steps it meant to delete from its list: re-read
         good = [s for s in self.manager.all_steps() if s != step]
-        return faults.save_failed(self.directory, step, error, max(good) if good else None)
+        last_good = max(good) if good else None
+        if elsewhere is not None:  # the failing process names the cause and cleans up
+            faults.release(error)
+            good = (f"last good checkpoint: {last_good}; fix the cause and run the same "
+                    f"command again to resume from it" if last_good is not None else
+                    "no earlier checkpoint; fix the cause and run the same command again")
+            return faults.CheckpointSaveError(
+                f"checkpoint at step {step} failed on process {elsewhere.process} (its log "
+                f"names the cause); {good}", process=elsewhere.process)
+        return faults.save_failed(self.directory, step, error, last_good)
 
     def restore(self, abstract_state: TrainState, data_iterator: Any = None,
                 step: Optional[int] = None, rng_sharding=None):
@@ -197,11 +227,14 @@ class Checkpointer:
         # traced here, not at import: jax.distributed.initialize comes first.
         key_data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
         check_shapes(self.directory, step, abstract_state.params, partial=False,
-                     remedy="resume with the config that wrote it, or use a new --workdir")
+                     remedy="resume with the config that wrote it, or use a new --workdir",
+                     fp8=bool(abstract_state.fp8))
         target = {"step": abstract_state.step, "params": abstract_state.params,
                   "opt_state": abstract_state.opt_state,
                   "rng": jax.ShapeDtypeStruct(key_data.shape, key_data.dtype,
                                               sharding=rng_sharding)}
+        if abstract_state.fp8:
+            target["fp8"] = abstract_state.fp8
         restored = self.manager.restore(
             step, args=ocp.args.Composite(
                 state=ocp.args.StandardRestore(target),
@@ -210,7 +243,7 @@ class Checkpointer:
         self.data_restore = restored["data"]
         tree = restored["state"]
         state = TrainState(step=tree["step"], params=tree["params"],
-                           opt_state=tree["opt_state"])
+                           opt_state=tree["opt_state"], fp8=tree.get("fp8", {}))
         rng = jax.random.wrap_key_data(tree["rng"])
         return state, rng, restored["config"]
 
@@ -238,31 +271,42 @@ class Checkpointer:
         self._settle()
         self.manager.wait_until_finished()
 
-    def close(self) -> None:
+    def close(self, quiet: bool = False) -> None:
         """Waits for the save in flight and closes the manager. Never raises: a failure not
-        reported yet (the run is already stopping on another error) is logged."""
+        reported yet (the run is already stopping on another error) is logged; `quiet`: the
+        run stops on a failed save already, whose report this one would repeat (INFO)."""
         try:
             self._settle()
         except faults.CheckpointSaveError as e:
-            log.error("%s", e)
+            log.log(logging.INFO if quiet else logging.ERROR, "%s", e)
         finally:
             self.manager.close()
 
 
 def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
-                 remedy: str) -> None:
+                 remedy: str, fp8: bool | None = None) -> None:
     """The params saved at `step` have the shapes of `abstract_params` (a tree of
     ShapeDtypeStructs), read from the checkpoint's metadata (no tensor is read); else a
     CheckpointMismatchError naming a differing parameter and both shapes. `partial`: only
-    the parameters of `abstract_params` must be there (a warm start's encoder). A checkpoint
-    whose metadata cannot be read is left to the restore (which reports the damage)."""
+    the parameters of `abstract_params` must be there (a warm start's encoder). `fp8`
+    (a resume): whether the run has FP8 scaling state, which the checkpoint must have
+    too, or not. A checkpoint whose metadata cannot be read is left to the restore (which
+    reports the damage)."""
     manager = reader(directory)
     try:
-        meta = manager.item_metadata(step)["state"]["params"]
+        state = manager.item_metadata(step)["state"]
+        meta = state["params"]
+        saved_fp8 = "fp8" in state
     except Exception:  # noqa: BLE001
         return
     finally:
         manager.close()
+    if fp8 is not None and saved_fp8 != fp8:
+        raise faults.CheckpointMismatchError(
+            f"{directory}/{step} was saved by a run with model.fp8={saved_fp8}, and this one "
+            f"has model.fp8={fp8}: the FP8 scaling state is part of a run's state; resume "
+            f"with --config.model.fp8={saved_fp8}, or start a new --workdir from its params "
+            f"(--config.train.init_checkpoint={directory})")
     saved = {k: tuple(v.shape) for k, v in flax.traverse_util.flatten_dict(
         plain(meta)).items() if hasattr(v, "shape")}
     if not saved:  # metadata without shapes (another writer): nothing to compare

@@ -18,16 +18,20 @@ import jax.numpy as jnp
 import optax
 
 from bert_jax import sharding as sharding_lib
+from bert_jax.models import fp8 as fp8_lib
 
 
 @flax.struct.dataclass
 class TrainState:
     """step: <int32>[] number of updates applied; params: the model's parameter tree
-    (float32 storage); opt_state: the optax state (float32 moments)."""
+    (float32 storage); opt_state: the optax state (float32 moments); fp8: the FP8 scaling
+    state of a model.fp8 model (bert_jax.models.fp8: amax histories and scales per
+    product, float32), {} otherwise."""
 
     step: jax.Array
     params: Any
     opt_state: Any
+    fp8: Any = flax.struct.field(default_factory=dict)
 
 
 def dummy_inputs(seq_len: int, max_predictions: int | None, batch: int = 1) -> dict:
@@ -49,9 +53,9 @@ def mesh_context(mesh, rules):
 
 
 def _boxed_init(model, tx, inputs, rng):
-    variables = model.init({"params": rng}, **inputs)
-    params = variables["params"]
-    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+    params, fp8 = fp8_lib.split(model.init({"params": rng}, **inputs))
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      fp8=fp8)
 
 
 def state_shardings(model, tx: optax.GradientTransformation, mesh, rules, inputs: dict):

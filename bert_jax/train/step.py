@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bert_jax.models import fp8 as fp8_lib
 from bert_jax.train import metrics as metrics_lib
 from bert_jax.train.state import TrainState, mesh_context
 
@@ -43,9 +44,10 @@ def micro_batches(batch, accum_steps: int, batch_sharding):
     return jax.tree_util.tree_map(split, batch)
 
 
-def _loss(params, task, batch, rng, totals, deterministic):
-    """(the task's loss of `batch` over the whole batch's `totals`, the sums behind it)."""
-    outputs = task.model.apply({"params": params}, **task.inputs(batch),
+def _loss(params, fp8, task, batch, rng, totals, deterministic):
+    """(the task's loss of `batch` over the whole batch's `totals`, the sums behind it).
+    fp8: the FP8 scaling state ({} without model.fp8), whose gradient is its next value."""
+    outputs = task.model.apply(fp8_lib.variables(params, fp8), **task.inputs(batch),
                                deterministic=deterministic,
                                rngs=None if deterministic else {"dropout": rng})
     sums = task.sums(outputs, batch)
@@ -92,26 +94,33 @@ def train_step(state: TrainState, batch, rng, *, task, tx: optax.GradientTransfo
         inputs_ok = input_flag > 0
     step_rng = jax.random.fold_in(rng, state.step)
     totals = task.totals(batch)
-    grad_fn = jax.value_and_grad(_loss, has_aux=True)
+    # The gradient with respect to the FP8 scaling state is its next value (flax's
+    # OVERWRITE_WITH_GRADIENT collection: bert_jax.models.fp8), not a gradient.
+    grad_fn = jax.value_and_grad(_loss, argnums=(0, 1), has_aux=True)
     if accum_steps == 1:
-        (loss, sums), grads = grad_fn(state.params, task, batch, step_rng, totals,
-                                      deterministic)
+        (loss, sums), (grads, fp8) = grad_fn(state.params, state.fp8, task, batch, step_rng,
+                                             totals, deterministic)
     else:
         micro = micro_batches(batch, accum_steps, batch_sharding)
 
         def body(carry, xs):
+            # The FP8 state goes from one micro-batch to the next (each one's products are
+            # scaled by the amaxes of those before it), as over steps; the rest adds up.
             i, mb = xs
-            (l, s), g = grad_fn(state.params, task, mb, jax.random.fold_in(step_rng, i),
-                                totals, deterministic)
-            return jax.tree_util.tree_map(jnp.add, carry, (l, s, g)), None
+            sums_so_far, fp8_before = carry[:3], carry[3]
+            (l, s), (g, fp8_after) = grad_fn(state.params, fp8_before, task, mb,
+                                             jax.random.fold_in(step_rng, i), totals,
+                                             deterministic)
+            return (*jax.tree_util.tree_map(jnp.add, sums_so_far, (l, s, g)), fp8_after), None
 
         zero_sums = jax.eval_shape(
-            lambda: _loss(state.params, task, jax.tree_util.tree_map(lambda x: x[0], micro),
+            lambda: _loss(state.params, state.fp8,
+                          task, jax.tree_util.tree_map(lambda x: x[0], micro),
                           step_rng, totals, True)[1])
         init = (jnp.zeros((), jnp.float32),
                 jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), zero_sums),
-                jax.tree_util.tree_map(jnp.zeros_like, state.params))
-        (loss, sums, grads), _ = jax.lax.scan(
+                jax.tree_util.tree_map(jnp.zeros_like, state.params), state.fp8)
+        (loss, sums, grads, fp8), _ = jax.lax.scan(
             body, init, (jnp.arange(accum_steps), micro))
 
     grad_norm = optax.tree.norm(grads)
@@ -121,14 +130,15 @@ def train_step(state: TrainState, batch, rng, *, task, tx: optax.GradientTransfo
     if keep_state_on_nonfinite:
         params = _keep_where(ok, params, state.params)
         opt_state = _keep_where(ok, opt_state, state.opt_state)
+        # a non-finite amax would stay in the history (and its scales) for AMAX_HISTORY steps
+        fp8 = _keep_where(ok, fp8, state.fp8)
     step = state.step + 1
     if inputs_ok is not None:  # a void step: nothing moves, not even the counters
-        params = jax.tree_util.tree_map(lambda n, o: jnp.where(inputs_ok, n, o), params,
-                                        state.params)
-        opt_state = jax.tree_util.tree_map(lambda n, o: jnp.where(inputs_ok, n, o),
-                                           opt_state, state.opt_state)
+        params, opt_state, fp8 = jax.tree_util.tree_map(
+            lambda n, o: jnp.where(inputs_ok, n, o), (params, opt_state, fp8),
+            (state.params, state.opt_state, state.fp8))
         step = state.step + inputs_ok.astype(state.step.dtype)
-    new_state = TrainState(step=step, params=params, opt_state=opt_state)
+    new_state = TrainState(step=step, params=params, opt_state=opt_state, fp8=fp8)
     metrics = {
         "train/loss": loss,
         **task.metrics(sums, totals),
@@ -145,8 +155,10 @@ def train_step(state: TrainState, batch, rng, *, task, tx: optax.GradientTransfo
 
 def eval_step(params, batch, *, task):
     """task.eval_outputs of one eval batch: sums (pre-training) or per-row arrays that the
-    host collects (fine-tuning); filler rows have example_weights 0."""
-    outputs = task.model.apply({"params": params}, **task.inputs(batch), deterministic=True)
+    host collects (fine-tuning); filler rows have example_weights 0. A model.fp8 model is
+    evaluated without FP8 (models/fp8.py: the scaling state is the train step's)."""
+    outputs = fp8_lib.without_fp8(task.model).apply({"params": params}, **task.inputs(batch),
+                                                    deterministic=True)
     return task.eval_outputs(outputs, batch)
 
 

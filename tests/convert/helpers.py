@@ -9,13 +9,17 @@ google-research/bert (scopes joined by "/", `layer_N`, LayerNorm gamma/beta, ker
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDENS = os.path.join(HERE, "..", "goldens")
+REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 
 
 def hf_name_to_tf(name: str):
@@ -86,3 +90,22 @@ def run_encoder(params, config, batch):
     seq, pooled = fn(params["bert"], batch["input_ids"], batch["attention_mask"],
                      batch["token_type_ids"])
     return np.asarray(seq), np.asarray(pooled)
+
+
+def save_hf_dir(path, config: dict, state: dict) -> str:
+    """A Hugging Face directory as transformers writes one: config.json + model.safetensors."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_file({k: np.ascontiguousarray(v) for k, v in state.items()},
+              os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    return str(path)
+
+
+def run_extract_features(*args) -> subprocess.CompletedProcess:
+    """launch/extract_features.py ARGS in a child process (this checkout's bert_jax)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, os.path.join(REPO, "launch", "extract_features.py"),
+                           *args], capture_output=True, text=True, env=env, cwd=REPO)

@@ -5,17 +5,14 @@ layers, output formats, truncation and refusals."""
 import json
 import logging
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from bert_jax.convert import extract, model_dir
 from bert_jax.data.tokenization import load_tokenizer
-from tests.convert.helpers import HERE, max_diff, run_encoder
+from tests.convert.helpers import HERE, max_diff, run_encoder, run_extract_features
 
-REPO = os.path.abspath(os.path.join(HERE, "..", ".."))
 # The sentences of tests/goldens/make_goldens.py (SINGLES, then PAIRS as "A ||| B").
 GOLDEN_LINES = [
     "To be, or not to be, that is the question.",
@@ -32,19 +29,14 @@ GOLDEN_LINES = [
 ]
 
 
-def _run_cli(*args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, os.path.join(REPO, "launch", "extract_features.py"),
-                           *args], capture_output=True, text=True, env=env, cwd=REPO)
-
-
 def test_mean_pooling_matches_sentence_transformers(minilm_model_dir, tmp_path):
     """Acceptance: from-hf + extract_features --pooling=mean == the sentence-transformers
     pipeline (mean pooling + L2 normalisation: compared by cosine, scale-invariant)."""
     out = tmp_path / "emb.npy"
-    r = _run_cli(f"--checkpoint={minilm_model_dir}",
-                 f"--input_file={os.path.join(HERE, 'data', 'sentences.txt')}",
-                 f"--output_file={out}", "--pooling=mean", "--layers=-1", "--batch_size=4")
+    r = run_extract_features(f"--checkpoint={minilm_model_dir}",
+                             f"--input_file={os.path.join(HERE, 'data', 'sentences.txt')}",
+                             f"--output_file={out}", "--pooling=mean", "--layers=-1",
+                             "--batch_size=4")
     assert r.returncode == 0, r.stderr[-3000:]
     ours = np.load(out)
     golden = np.load(os.path.join(HERE, "data", "minilm_st_embeddings.npy"))
@@ -147,9 +139,9 @@ def test_refusals(minilm, minilm_model_dir, minilm_dir, tmp_path):
     with open(os.path.join(minilm_dir, "vocab.txt")) as f:
         small.write_text("".join(f.readlines()[:2000]))
     (tmp_path / "in.txt").write_text("hello\n")
-    r = _run_cli(f"--checkpoint={minilm_model_dir}", f"--vocab_file={small}",
-                 f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'o.npy'}",
-                 "--pooling=mean")
+    r = run_extract_features(f"--checkpoint={minilm_model_dir}", f"--vocab_file={small}",
+                             f"--input_file={tmp_path / 'in.txt'}",
+                             f"--output_file={tmp_path / 'o.npy'}", "--pooling=mean")
     assert r.returncode != 0
     assert "has 2000 tokens but the checkpoint" in r.stderr and "vocab_size=30522" in r.stderr
     assert not os.path.exists(tmp_path / "o.npy")

@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 from bert_jax.convert import model_dir
 from bert_jax.convert.__main__ import main
 from bert_jax.models.params import unstack_layers
-from tests.convert.test_hf import _hf_dir
+from tests.convert.helpers import run_extract_features, save_hf_dir
 from tests.tasks.conftest import VOCAB
 from tests.train.common import MemorySource, random_batch, tiny_config
 
@@ -73,7 +73,7 @@ def test_hf_weights_through_a_run_come_back_bit_exact(tiny, tmp_path):
     pre-training run with scanned layers and lr 0 -> from-workdir -> to-hf: every tensor
     transformers loads is the original's, bit for bit, with both heads and the config."""
     hf_cfg, state, g = tiny
-    main(["from-hf", f"--input={_hf_dir(tmp_path / 'hf', hf_cfg, state)}",
+    main(["from-hf", f"--input={save_hf_dir(tmp_path / 'hf', hf_cfg, state)}",
           f"--output={tmp_path / 'imported'}"])
     config = tiny_config(steps=1, schedule=dict(lr=0.0))
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -161,13 +161,13 @@ def test_extract_features_takes_a_run(run, tmp_path):
     from bert_jax.data.tokenization import load_tokenizer
     from bert_jax.models.bert import BertModel
     from bert_jax.models.config import from_config_dict
-    from tests.convert.test_extract import _run_cli
 
     lines = ["Friends, Romans, countrymen, lend me your ears;", "I come to bury Caesar."]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
-    r = _run_cli(f"--checkpoint={run / 'checkpoints' / '1'}", f"--vocab_file={VOCAB}",
-                 f"--input_file={tmp_path / 'in.txt'}", f"--output_file={tmp_path / 'f.npy'}",
-                 "--pooling=mean", "--layers=-1")
+    r = run_extract_features(f"--checkpoint={run / 'checkpoints' / '1'}",
+                             f"--vocab_file={VOCAB}", f"--input_file={tmp_path / 'in.txt'}",
+                             f"--output_file={tmp_path / 'f.npy'}", "--pooling=mean",
+                             "--layers=-1")
     assert r.returncode == 0, r.stderr[-3000:]
     got = np.load(tmp_path / "f.npy")
 

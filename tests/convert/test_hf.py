@@ -7,21 +7,12 @@ import os
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file
 
 from bert_jax.convert import hf_files, model_dir
 from bert_jax.convert.__main__ import main
 from bert_jax.convert.tensors import ConversionError
-from tests.convert.helpers import max_diff, run_encoder
-
-
-def _hf_dir(path, config: dict, state: dict):
-    os.makedirs(path)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f)
-    save_file({k: np.ascontiguousarray(v) for k, v in state.items()},
-              os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-    return str(path)
+from tests.convert.helpers import max_diff, run_encoder, save_hf_dir
 
 
 def test_from_hf_minilm_reports_missing_heads_and_matches_golden(minilm_dir, minilm_golden):
@@ -79,7 +70,7 @@ def test_heads_come_along_and_round_trip(tiny, tmp_path):
     from bert_jax.models.bert import BertForPreTraining
 
     hf_cfg, state, g = tiny
-    src = _hf_dir(tmp_path / "src", hf_cfg, state)
+    src = save_hf_dir(tmp_path / "src", hf_cfg, state)
     main(["from-hf", f"--input={src}", f"--output={tmp_path / 'm'}"])
     params, config = model_dir.load_model_dir(str(tmp_path / "m"))
     assert set(params) == {"bert", "mlm", "nsp"}
@@ -105,7 +96,7 @@ def test_exports_to_a_bucket_equal_local_exports(tiny, tmp_path, monkeypatch, ow
     from tests.test_paths import fake_gcs
 
     hf_cfg, state, _ = tiny
-    src = _hf_dir(tmp_path / "src", hf_cfg, state)
+    src = save_hf_dir(tmp_path / "src", hf_cfg, state)
     main(["from-hf", f"--input={src}", f"--output={tmp_path / 'm'}"])
     monkeypatch.chdir(tmp_path)  # a URI taken for a local path would land here
     root = tmp_path / "bucket_root"
@@ -133,12 +124,12 @@ def test_errors_name_the_tensor_and_both_shapes(tiny, tmp_path):
     hf_cfg, state, _ = tiny
     bad = dict(state)
     bad["bert.encoder.layer.1.intermediate.dense.weight"] = np.zeros((36, 32), np.float32)
-    src = _hf_dir(tmp_path / "bad", hf_cfg, bad)
+    src = save_hf_dir(tmp_path / "bad", hf_cfg, bad)
     with pytest.raises(ConversionError, match=r"bert.encoder.layer.1.intermediate.dense.weight: "
                                               r"shape \(36, 32\) in the checkpoint, \(37, 32\)"):
         hf_files.read_hf_dir(src)
     missing = {k: v for k, v in state.items() if "layer.1.output" not in k}
-    src = _hf_dir(tmp_path / "missing", hf_cfg, missing)
+    src = save_hf_dir(tmp_path / "missing", hf_cfg, missing)
     with pytest.raises(ConversionError, match=r"4 encoder tensor\(s\) missing"):
         hf_files.read_hf_dir(src)
     (tmp_path / "empty").mkdir()
@@ -201,7 +192,7 @@ def test_transformers_loads_to_hf_output(tiny, minilm_dir, minilm_model_dir, tmp
         assert max(diffs.values()) <= 1e-4, (ref, diffs)
 
     hf_cfg, state, _ = tiny
-    src = _hf_dir(tmp_path / "tiny_src", hf_cfg, state)
+    src = save_hf_dir(tmp_path / "tiny_src", hf_cfg, state)
     main(["from-hf", f"--input={src}", f"--output={tmp_path / 'tiny'}"])
     main(["to-hf", f"--checkpoint={tmp_path / 'tiny'}", f"--output={tmp_path / 'tiny_hf'}"])
     diffs = _verify(capsys, f"--checkpoint={tmp_path / 'tiny'}",
@@ -219,7 +210,7 @@ def test_pytorch_bin_reads_like_safetensors(tiny, tmp_path):
     with open(d / "config.json", "w") as f:
         json.dump(hf_cfg, f)
     from_bin, _, report, _ = hf_files.read_hf_dir(str(d))
-    from_st, _, _, _ = hf_files.read_hf_dir(_hf_dir(tmp_path / "st", hf_cfg, state))
+    from_st, _, _, _ = hf_files.read_hf_dir(save_hf_dir(tmp_path / "st", hf_cfg, state))
     assert report.heads == ["mlm", "nsp"]
     for (pa, a), (pb, b) in zip(sorted(_flat(from_bin)), sorted(_flat(from_st))):
         assert pa == pb and np.array_equal(a, b), pa
@@ -228,7 +219,7 @@ def test_pytorch_bin_reads_like_safetensors(tiny, tmp_path):
 def test_half_precision_weights_are_cast_and_reported(tiny, tmp_path):
     hf_cfg, state, _ = tiny
     half = {k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in state.items()}
-    params, _, report, _ = hf_files.read_hf_dir(_hf_dir(tmp_path / "h", hf_cfg, half))
+    params, _, report, _ = hf_files.read_hf_dir(save_hf_dir(tmp_path / "h", hf_cfg, half))
     leaves = dict(_flat(params))
     assert all(v.dtype == np.float32 for v in leaves.values())
     assert len(report.cast) == len(leaves) and "from float16 to float32" in report.summary()

@@ -38,8 +38,7 @@ def test_tf_and_hf_tables_cover_the_same_parameters():
     config = BertConfig(num_hidden_layers=3, hidden_size=64, num_attention_heads=4,
                         intermediate_size=96)
     tf_paths = sorted(p for _, p, _ in tfc.layout(config))
-    hf_paths = sorted([("bert",) + p for _, p, _ in hf._layout(config, "")]
-                      + [p for _, p, _ in hf.HEAD_LAYOUT])
+    hf_paths = sorted(p for _, p, _ in hf.BERT.rows(config, ""))
     assert tf_paths == hf_paths
 
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import checks, pretrain, shards
+from bert_jax.data.features import DataCheckError
 from tests.data import fixtures
 
 
@@ -34,7 +35,7 @@ def test_check_input_passes_on_good_files(good):
 
 def test_wrong_lengths_name_file_expected_and_found(good):
     d, paths = good
-    with pytest.raises(checks.DataCheckError) as e:
+    with pytest.raises(DataCheckError) as e:
         pretrain.check_input(_cfg(str(d / "*.tfrecord"), max_seq_length=128,
                                   max_predictions_per_seq=20),
                              process_index=0, process_count=1)
@@ -55,7 +56,7 @@ def test_ids_outside_vocab_and_missing_features(tmp_path):
         w.write(fixtures.serialize(rec))
     with tf.io.TFRecordWriter(str(tmp_path / "b.tfrecord")) as w:
         w.write(fixtures.serialize(bad))
-    with pytest.raises(checks.DataCheckError) as e:
+    with pytest.raises(DataCheckError) as e:
         pretrain.check_input(_cfg(str(tmp_path / "*.tfrecord")), process_index=0,
                              process_count=1)
     msg = str(e.value)
@@ -75,11 +76,11 @@ def test_check_batch():
     checks.check_batch(batch, max_seq_length=32, max_predictions_per_seq=5, vocab_size=2000)
     batch["masked_lm_ids"] = batch["masked_lm_ids"].copy()
     batch["masked_lm_ids"][0, 0] = -1
-    with pytest.raises(checks.DataCheckError, match=r"(?s)gs://x/\*: .*masked_lm_ids: expected "
+    with pytest.raises(DataCheckError, match=r"(?s)gs://x/\*: .*masked_lm_ids: expected "
                        r"values in \[0, 2000\) \(vocab_size=2000\), found min -1"):
         checks.check_batch(batch, max_seq_length=32, max_predictions_per_seq=5,
                            vocab_size=2000, source="gs://x/*")
-    with pytest.raises(checks.DataCheckError, match=r"input_ids: expected shape \[batch, 64\]"
+    with pytest.raises(DataCheckError, match=r"input_ids: expected shape \[batch, 64\]"
                        r", found \[4, 32\]"):
         checks.check_batch(batch, max_seq_length=64, max_predictions_per_seq=5)
 
@@ -95,7 +96,7 @@ def test_corrupt_shard_error_names_the_file(good):
     assert paths[1] in str(e.value) and "truncated record" in str(e.value)
     assert paths[0] not in str(e.value) and paths[2] not in str(e.value)
     # the up-front check names it as well
-    with pytest.raises(checks.DataCheckError, match="unreadable"):
+    with pytest.raises(DataCheckError, match="unreadable"):
         pretrain.check_input(_cfg(str(d / "*.tfrecord"), check_records_per_file=100),
                              process_index=0, process_count=1)
 

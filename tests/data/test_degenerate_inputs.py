@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from absl import flags
 
-from bert_jax.data import checks, pretrain
+from bert_jax.data import pretrain
+from bert_jax.data.features import DataCheckError
 from bert_jax.data import inspect as doctor
 from bert_jax.data.tokenization import VocabError
 from bert_jax.errors import UserError
@@ -139,7 +140,7 @@ def test_run_check_is_one_line_naming_the_file(case, tmp_path):
     else:
         _write(path, _records(3, drop={0: "masked_lm_ids"})[0])
         expected = f"{path} record 0: missing feature(s) ['masked_lm_ids']"
-    with pytest.raises(checks.DataCheckError) as e:
+    with pytest.raises(DataCheckError) as e:
         pretrain.check_input(_cfg(str(path)), process_index=0, process_count=1)
     msg = str(e.value)
     assert isinstance(e.value, UserError) and "\n" not in msg and expected in msg, msg
@@ -171,7 +172,7 @@ def test_a_record_missing_a_feature_past_the_check_is_one_line_mid_run(split, tm
     cfg = _cfg(path)
     cfg.update(dict(eval_files=path, shuffle=False))
     pretrain.check_input(cfg, process_index=0, process_count=1)
-    with pytest.raises(checks.DataCheckError) as e:
+    with pytest.raises(DataCheckError) as e:
         if split == "train":
             it = pretrain.train_iterator(cfg, 4, process_index=0, process_count=1)
             for _ in range(3):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import checks, features, pretrain
+from bert_jax.data.features import DataCheckError
 from bert_jax.data import inspect as doctor
 from data_prep import packing, tfrecord
 from tests.data import fixtures
@@ -75,7 +76,7 @@ def test_unpacked_and_packed_files_in_one_set_are_refused_naming_the_file(packed
     path, _ = packed
     plain, _ = fixtures.write_files(tmp_path, 1, [4], seq=S, preds=P)
     cfg = _cfg(train=f"{path},{plain[0]}")
-    with pytest.raises(checks.DataCheckError) as e:
+    with pytest.raises(DataCheckError) as e:
         pretrain.check_input(cfg)
     msg = str(e.value)
     assert "\n" not in msg and f"{plain[0]} record 0: unpacked rows (one sequence per row), " \
@@ -83,7 +84,7 @@ def test_unpacked_and_packed_files_in_one_set_are_refused_naming_the_file(packed
         f"row): the files of data.train_files must be all packed or all unpacked" in msg
     # Packed training files with unpacked evaluation files are fine (each set is one kind).
     pretrain.check_input(_cfg(train=path, eval_=plain[0]))
-    with pytest.raises(checks.DataCheckError, match="dynamic_masking=True re-masks unpacked"):
+    with pytest.raises(DataCheckError, match="dynamic_masking=True re-masks unpacked"):
         pretrain.check_input(_cfg(train=path, dynamic_masking=True))
 
 

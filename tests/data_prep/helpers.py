@@ -4,6 +4,7 @@ TensorFlow's own parser (an implementation independent of our serializer)."""
 from __future__ import annotations
 
 import pathlib
+import random
 
 import numpy as np
 
@@ -136,3 +137,29 @@ def check_invariants(ex: dict, *, cls_id: int, sep_id: int, max_seq_length: int,
         assert (k <= n_pred).all()
     else:
         np.testing.assert_array_equal(k, n_pred)
+
+
+def passages(n: int, words: int = 300) -> list[str]:
+    """`n` disjoint `words`-word passages of the sample corpus's Britannica article."""
+    text = (REPO / "data_prep" / "sample_corpus" / "britannica.txt").read_text()
+    w = text.split()
+    assert len(w) >= n * words
+    return [" ".join(w[i * words:(i + 1) * words]) for i in range(n)]
+
+
+def mixed_corpus(seed: int = 0) -> list[str]:
+    """Unrelated passages, overlapping windows (clusters near the threshold), few-word
+    edits, exact copies (some recased or re-spaced) and short texts, shuffled."""
+    rng = random.Random(seed)
+    w = (REPO / "data_prep" / "sample_corpus" / "britannica.txt").read_text().split()
+    docs = passages(30, 100) + [" ".join(w[i:i + 200]) for i in range(3000, 9000, 25)]
+    for _ in range(150):
+        e = rng.choice(docs).split()
+        for _ in range(rng.randint(1, 6)):
+            e[rng.randrange(len(e))] = rng.choice(["the", "zyzzyva", "x"])
+        docs.append(" ".join(e))
+    docs += [rng.choice(docs) for _ in range(60)]
+    docs += [rng.choice(docs).upper().replace(" ", "  ") for _ in range(20)]
+    docs += ["", "two words", "Two  WORDS", "three words here"]
+    rng.shuffle(docs)
+    return docs

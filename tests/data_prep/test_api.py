@@ -90,11 +90,12 @@ def test_create_raises_the_users_mistakes_and_faults(tmp_path):
         assert isinstance(e.value, UserError) and message in str(e.value), settings
     assert not out.exists()
 
+    # An output path through a file is the user's path, named before any work starts.
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    with pytest.raises(OSError) as e:  # a fault, not the user's input
+    with pytest.raises(UserError, match=r"--output_file: .*/a_file is a file, so .*/a_file/"
+                                        r"sub/o\.tfrecord cannot be written there"):
         create(input_file=SAMPLE[0], output_file=str(blocker / "sub" / "o.tfrecord"))
-    assert not isinstance(e.value, UserError)
 
 
 def test_create_returns_the_warnings(tmp_path):
@@ -120,3 +121,18 @@ def test_importing_it_defines_no_flags():
     r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stderr[-2000:]
+
+
+def test_every_data_prep_package_is_installed():
+    """setup.cfg installs data_prep's packages too (corpus/, beam/): training from raw text
+    imports data_prep.corpus from an installed copy, and a Beam --runner data_prep.beam."""
+    import configparser
+    import fnmatch
+
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    include = [p.strip() for p in cfg["options.packages.find"]["include"].split(",")]
+    packages = sorted(".".join(p.parent.relative_to(REPO).parts)
+                      for p in (REPO / "data_prep").rglob("__init__.py"))
+    assert {"data_prep", "data_prep.corpus", "data_prep.beam"} <= set(packages)
+    assert [p for p in packages if not any(fnmatch.fnmatchcase(p, i) for i in include)] == []

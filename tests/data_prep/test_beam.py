@@ -1,5 +1,5 @@
-"""create_pretraining_data on Apache Beam (data_prep/beam_pipeline.py): the same bytes as the
-local path. Beam is the `[beam]` extra (the `[test]` extra has it too, so CI runs these);
+"""create_pretraining_data and prepare_corpus on Apache Beam (data_prep/beam/): the same bytes
+as the local path. Beam is the `[beam]` extra (the `[test]` extra has it too, so CI runs these);
 they skip where it is absent. The ones at the end check the local path's side of --runner."""
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import os
 import pytest
 
 from data_prep import create_pretraining_data as cpd
+from data_prep import prepare_corpus as pc
+from data_prep.corpus.types import Options, PrepareError
 from data_prep.paths import InputError
-from tests.data_prep.helpers import SAMPLE, VOCAB
+from tests.data_prep.helpers import SAMPLE, VOCAB, mixed_corpus
 
 try:
     import apache_beam  # noqa: F401
@@ -82,7 +84,8 @@ def test_chunk_plan_matches_iter_chunks(tmp_path):
     chunk size."""
     import random
 
-    from data_prep import beam_pipeline, pipeline
+    from data_prep import pipeline
+    from data_prep.beam import records
 
     rng = random.Random(0)
     files = []
@@ -96,8 +99,8 @@ def test_chunk_plan_matches_iter_chunks(tmp_path):
         expected = []
         for k, docs, _ in pipeline.iter_chunks(files, pipeline.Stats(), chunk_chars):
             expected += [k] * len(docs)
-        sizes = [beam_pipeline._doc_sizes((i, f), chunk_chars) for i, f in enumerate(files)]
-        plan = beam_pipeline.plan_chunks(sizes[::-1], chunk_chars)  # any arrival order
+        sizes = [records.doc_sizes((i, f), chunk_chars) for i, f in enumerate(files)]
+        plan = records.plan_chunks(sizes[::-1], chunk_chars)  # any arrival order
         got = []
         for i, s in sizes:
             first, starts = plan[i]
@@ -133,20 +136,20 @@ def test_beam_options_need_a_beam_runner(tmp_path):
 
 def test_a_beam_runner_without_beam_says_how_to_install_it(tmp_path, monkeypatch):
     # Beam absent, whether or not it is installed (or already imported by the tests
-    # above): its modules import as missing, and the package forgets its submodule.
-    import data_prep
+    # above): its modules import as missing, and the package forgets its submodules.
+    import data_prep.beam
 
-    for name in ("apache_beam", "data_prep.beam_pipeline"):
+    modules = ("options", "files", "records", "corpus")
+    for name in ("apache_beam",) + tuple(f"data_prep.beam.{m}" for m in modules):
         monkeypatch.setitem(__import__("sys").modules, name, None)
-    monkeypatch.delattr(data_prep, "beam_pipeline", raising=False)
+    for m in modules:
+        monkeypatch.delattr(data_prep.beam, m, raising=False)
     with pytest.raises(InputError, match=r"needs Apache Beam.*pip install \.\[beam\]"):
         _create(SAMPLE[:1], tmp_path / "o", "DirectRunner")
     assert not (tmp_path / "o").exists()
-    from data_prep import prepare_corpus as pc
-
-    with pytest.raises(pc.PrepareError, match=r"needs Apache Beam.*pip install \.\[beam\]"):
+    with pytest.raises(PrepareError, match=r"needs Apache Beam.*pip install \.\[beam\]"):
         _prepare(SAMPLE[0], tmp_path / "t.txt", "DirectRunner")
-    with pytest.raises(pc.PrepareError, match="--beam_options needs a Beam --runner"):
+    with pytest.raises(PrepareError, match="--beam_options needs a Beam --runner"):
         _prepare(SAMPLE[0], tmp_path / "t.txt", "local", beam_options="--project=p")
     assert not (tmp_path / "t.txt").exists()
 
@@ -175,10 +178,8 @@ def _corpus_inputs(tmp_path):
 
 
 def _prepare(inputs, output, runner, **kw):
-    from data_prep import prepare_corpus as pc
-
-    return pc.prepare(pc.Options(input=str(inputs), output=str(output), runner=runner,
-                                 progress=False, num_workers=1, min_doc_chars=40, **kw))
+    return pc.prepare(Options(input=str(inputs), output=str(output), runner=runner,
+                              progress=False, num_workers=1, min_doc_chars=40, **kw))
 
 
 @needs_beam
@@ -223,23 +224,19 @@ def test_prepare_corpus_without_dedup_and_nothing_usable(tmp_path):
     beam = _prepare(f"{inputs}/*.jsonl", tmp_path / "b.txt", "DirectRunner", dedup=False)
     assert (tmp_path / "l.txt").read_bytes() == (tmp_path / "b.txt").read_bytes()
     assert beam.kept == local.kept == 6
-    from data_prep import prepare_corpus as pc
-
     (tmp_path / "bad.jsonl").write_text('{"x": 1}\nnot json\n')
-    with pytest.raises(pc.PrepareError, match="nothing usable: 2 document"):
+    with pytest.raises(PrepareError, match="nothing usable: 2 document"):
         _prepare(tmp_path / "bad.jsonl", tmp_path / "out" / "o.txt", "DirectRunner")
     assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
 
 
 @needs_beam
 def test_an_unknown_runner_or_bad_options_stop_both_tools_before_any_work(tmp_path):
-    from data_prep import prepare_corpus as pc
-
     with pytest.raises(InputError, match=r"--runner=Bogus: not a Beam runner"):
         _create(SAMPLE[:1], tmp_path / "o", "Bogus")
     with pytest.raises(InputError, match=r"--beam_options=.*No closing quotation"):
         _create(SAMPLE[:1], tmp_path / "o", "DirectRunner", beam_options="--project='p")
-    with pytest.raises(pc.PrepareError, match=r"--runner=Bogus: not a Beam runner"):
+    with pytest.raises(PrepareError, match=r"--runner=Bogus: not a Beam runner"):
         _prepare(SAMPLE[0], tmp_path / "t.txt", "Bogus")
     assert not list(tmp_path.iterdir())
 
@@ -248,9 +245,7 @@ def test_an_unknown_runner_or_bad_options_stop_both_tools_before_any_work(tmp_pa
 def test_prepare_corpus_dedup_on_direct_runner_as_locally_on_a_mixed_corpus(tmp_path):
     """Clusters near the threshold, few-word edits and exact copies: the Beam pipeline's
     grouping of shared LSH keys drops the same documents as the local path."""
-    from tests.data_prep.test_dedup import _mixed_corpus
-
-    docs = [d for d in _mixed_corpus(2) if len(d) > 100]
+    docs = [d for d in mixed_corpus(2) if len(d) > 100]
     (tmp_path / "in.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     local = _prepare(tmp_path / "in.jsonl", tmp_path / "l.txt", "local")
     beam = _prepare(tmp_path / "in.jsonl", tmp_path / "b.txt", "DirectRunner")

@@ -18,6 +18,12 @@ from xml.sax.saxutils import escape
 import pytest
 
 from data_prep import prepare_corpus as pc
+from data_prep.corpus import clean, read
+from data_prep.corpus import wiki as mediawiki
+from data_prep.corpus.output import format_document
+from data_prep.corpus.types import Options, PrepareError
+from data_prep.dedup import DiskDeduplicator
+from data_prep.sentences import splitter
 from tests.data_prep.helpers import REPO, SAMPLE, VOCAB
 
 ARTICLE = """{{Short description|Political philosophy}}
@@ -116,9 +122,9 @@ WIKI_DROPS = {"non-article": 1, "redirect": 1, "disambiguation": 1, "too short":
               "exact duplicate": 1, "near duplicate": 0, "bad input": 1}
 
 
-def options(path, out, **kw) -> pc.Options:
-    return pc.Options(input=str(path), output=str(out),
-                      **{"progress": False, "num_workers": 1, "min_doc_chars": 40, **kw})
+def options(path, out, **kw) -> Options:
+    return Options(input=str(path), output=str(out),
+                   **{"progress": False, "num_workers": 1, "min_doc_chars": 40, **kw})
 
 
 def cli(*args) -> subprocess.CompletedProcess:
@@ -200,7 +206,7 @@ def test_every_page_of_a_complete_export_is_read_whatever_its_layout(tmp_path, m
     """A valid export keeps its last page (a normal article here) in any line layout, and
     tags cut by the reader's chunk boundaries are found whole."""
     if chunk:
-        monkeypatch.setattr(pc, "_WIKI_CHUNK", chunk)
+        monkeypatch.setattr(mediawiki, "READ_BYTES", chunk)
     pages = [page(12, "Anarchism", ARTICLE), page(70, "Laozi", LAOZI)]
     for name, xml in (("lines", HEADER + "".join(pages) + FOOTER),
                       ("compact", _compact(HEADER + "".join(pages) + FOOTER))):
@@ -277,7 +283,7 @@ def test_json_lines_with_bad_lines_plain_gzip_zstd(tmp_path):
         texts.append(out.read_text())
     assert texts[0] == texts[1] == texts[2]
     assert texts[0].split("\n\n")[:2] == [
-        "\n".join(pc._splitter("en").split(a)), "\n".join(pc._splitter("en").split(b))]
+        "\n".join(splitter("en").split(a)), "\n".join(splitter("en").split(b))]
     assert make_tfrecords_and_check(tmp_path / "docs.jsonl.txt", tmp_path) > 0
 
 
@@ -303,11 +309,11 @@ def test_datasets_folder_and_parquet(tmp_path):
 
     texts = [_long_doc(1), None, _long_doc(2), "short", _long_doc(4)]
     _save_dataset(tmp_path / "ds", texts)
-    assert pc.detect_format(str(tmp_path / "ds")) == "hf"
+    assert read.detect_format(str(tmp_path / "ds")) == "hf"
     s = pc.prepare(options(tmp_path / "ds", f"{tmp_path / 'out'}/"))
     out = tmp_path / "out" / "corpus-00000-of-00001.txt"
-    split = pc._splitter("en").split
-    expected = "".join(pc.format_document(split(t)) for t in (texts[0], texts[2], texts[4]))
+    split = splitter("en").split
+    expected = "".join(format_document(split(t)) for t in (texts[0], texts[2], texts[4]))
     assert out.read_text() == expected
     assert (s.documents, s.kept, s.dropped["too short"], s.dropped["bad input"]) == (5, 3, 1, 1)
     assert s.bad == [f"{tmp_path / 'ds' / 'data-00000-of-00001.arrow'}: row 2: no text (null)"]
@@ -317,12 +323,12 @@ def test_datasets_folder_and_parquet(tmp_path):
     assert (tmp_path / "p.txt").read_text() == expected
     assert make_tfrecords_and_check(tmp_path / "p.txt", tmp_path) > 0
 
-    with pytest.raises(pc.PrepareError, match=r"nothing usable: 1 document\(s\) read, none "
+    with pytest.raises(PrepareError, match=r"nothing usable: 1 document\(s\) read, none "
                        r"kept \(bad input 1\); .*d.parquet: no column 'text' \(columns: "
                        r"content\); set --text_key; .* not written$"):
         pc.prepare(options(tmp_path / "d.parquet", tmp_path / "q.txt"))
     _save_dataset(tmp_path / "empty", [])
-    with pytest.raises(pc.PrepareError, match=r"nothing usable: 0 document\(s\) read, none "
+    with pytest.raises(PrepareError, match=r"nothing usable: 0 document\(s\) read, none "
                        r"kept \(no documents\)"):
         pc.prepare(options(tmp_path / "empty", tmp_path / "e.txt"))
     assert not (tmp_path / "q.txt").exists() and not (tmp_path / "e.txt").exists()
@@ -333,21 +339,22 @@ def test_text_files_per_file_and_per_block_and_not_utf8(tmp_path):
     a, b = _long_doc(6), _long_doc(7)
     (tmp_path / "in" / "a.txt").write_text(f"{a}\n\n{b}\n", encoding="utf-8")
     (tmp_path / "in" / "b.txt").write_bytes(b"Caf\xe9 " * 50)
-    split = pc._splitter("en").split
+    split = splitter("en").split
     s = pc.prepare(options(tmp_path / "in", tmp_path / "f.txt"))
-    assert (tmp_path / "f.txt").read_text() == pc.format_document(split(a) + split(b))
+    assert (tmp_path / "f.txt").read_text() == format_document(split(a) + split(b))
     assert s.bad == [f"{tmp_path / 'in' / 'b.txt'}: not UTF-8 (byte 0xe9 at offset 3)"]
     pc.prepare(options(tmp_path / "in", tmp_path / "g.txt", doc_split="blank_line"))
-    assert (tmp_path / "g.txt").read_text() == (pc.format_document(split(a))
-                                                + pc.format_document(split(b)))
+    assert (tmp_path / "g.txt").read_text() == (format_document(split(a))
+                                                + format_document(split(b)))
 
 
 def test_ftfy_repairs_mojibake_and_entities_keeps_typography():
-    assert pc.fix_text("The Mona Lisa doesn\u00c3\u00a2\u00e2\u201a\u00ac\u00e2\u201e\u00a2t "
-                       "have eyebrows.") == "The Mona Lisa doesn\u2019t have eyebrows."
-    assert pc.fix_text("caf&eacute; &amp; cr\u00c3\u00a8me") == "caf\u00e9 & cr\u00e8me"
-    assert pc.fix_text("a\x00b\x1b") == "ab"
-    assert pc.fix_text("cafe\u0301 \u201cquoted\u201d \ufb01") == "caf\u00e9 \u201cquoted\u201d \ufb01"
+    assert clean.fix_text("The Mona Lisa doesn\u00c3\u00a2\u00e2\u201a\u00ac\u00e2\u201e\u00a2t "
+                          "have eyebrows.") == "The Mona Lisa doesn\u2019t have eyebrows."
+    assert clean.fix_text("caf&eacute; &amp; cr\u00c3\u00a8me") == "caf\u00e9 & cr\u00e8me"
+    assert clean.fix_text("a\x00b\x1b") == "ab"
+    assert (clean.fix_text("cafe\u0301 \u201cquoted\u201d \ufb01")
+            == "caf\u00e9 \u201cquoted\u201d \ufb01")
 
 
 def test_fingerprint_check_answers_as_deduplicator_check():
@@ -355,14 +362,14 @@ def test_fingerprint_check_answers_as_deduplicator_check():
     must be Deduplicator.check's on the same documents in the same order."""
     from data_prep.dedup import Deduplicator
 
-    o = pc.Options()
+    o = Options()
     a, b = _long_doc(8), _long_doc(9)
     near = a.replace(a.split()[30], "other", 1)
     docs = [a, b, a, near, b.upper(), _long_doc(10)]
-    ref, mine = Deduplicator(), pc._deduplicator(o)
-    answers = [ref.check(pc.dedup_text([d])) for d in docs]
+    ref, mine = Deduplicator(), clean.deduplicator(o)
+    answers = [ref.check(clean.dedup_text([d])) for d in docs]
     assert answers == [None, None, "exact", "near", "exact", None]
-    assert [pc.check_fingerprint(mine, *pc.fingerprint([d], o)) for d in docs] == answers
+    assert [clean.check_fingerprint(mine, *clean.fingerprint([d], o)) for d in docs] == answers
     assert (mine.kept, mine.exact, mine.near) == (ref.kept, ref.exact, ref.near)
 
 
@@ -383,7 +390,7 @@ def test_dedup_spool_is_removed_after_success_and_failure(tmp_path, monkeypatch)
         assert os.listdir(self.folder)  # the spool is there until the end
         raise OSError("disk full")
 
-    monkeypatch.setattr(pc.DiskDeduplicator, "finish", fail)
+    monkeypatch.setattr(DiskDeduplicator, "finish", fail)
     with pytest.raises(OSError, match="disk full"):
         pc.prepare(options(tmp_path / "in.jsonl", tmp_path / "again" / "part"))
     assert list((tmp_path / "again").iterdir()) == []
@@ -402,21 +409,21 @@ def test_nothing_usable_is_one_line_and_an_older_output_stays(wiki, tmp_path):
     assert out.read_text() == "an older corpus\n"
     assert [p.name for p in tmp_path.iterdir()] == ["corpus.txt", "bad.jsonl"] or sorted(
         p.name for p in tmp_path.iterdir()) == ["bad.jsonl", "corpus.txt"]
-    with pytest.raises(pc.PrepareError, match="--input=nope: no such file or folder"):
+    with pytest.raises(PrepareError, match="--input=nope: no such file or folder"):
         pc.prepare(options("nope", out))
 
 
 def test_format_detection_and_training_names_the_command():
-    assert [pc.detect_format(p) for p in ("a.xml", "a.xml.bz2", "b.jsonl.zst", "c.json.gz",
-                                           "d.parquet", "e.arrow", "f.txt", "g")] == [
+    assert [read.detect_format(p) for p in ("a.xml", "a.xml.bz2", "b.jsonl.zst", "c.json.gz",
+                                             "d.parquet", "e.arrow", "f.txt", "g")] == [
         "wiki", "wiki", "jsonl", "jsonl", "parquet", "arrow", "text", "text"]
-    assert pc.needs_conversion("f.txt") is None
-    assert pc.needs_conversion("f.txt.gz") == "text"
-    assert pc.needs_conversion("a.xml.bz2") == "wiki"
+    assert read.needs_conversion("f.txt") is None
+    assert read.needs_conversion("f.txt.gz") == "text"
+    assert read.needs_conversion("a.xml.bz2") == "wiki"
 
 
 def test_text_files_of_a_dump_name_the_prepare_corpus_command(wiki, tmp_path):
-    from bert_jax.data.checks import DataCheckError
+    from bert_jax.data.features import DataCheckError
     from bert_jax.tasks.pretraining import data as data_lib
     from tests.train.common import text_config
 

@@ -11,6 +11,7 @@ import pytest
 from bert_jax.data.tokenization import load_tokenizer
 from data_prep import instances as inst
 from data_prep import pipeline, tfrecord
+from data_prep.workers import fork_safe
 from data_prep.paths import InputError
 from tests.data_prep.helpers import (GOLDENS, SAMPLE, VOCAB, check_invariants, read_examples,
                                      restore, run_tool)
@@ -95,7 +96,7 @@ def test_identical_bytes_whatever_num_workers(tmp_path, monkeypatch):
     # workers must be spawned here; the CLI, which loads none of them, forks.
     import tensorflow  # noqa: F401
 
-    assert not pipeline._fork_safe()
+    assert not fork_safe()
     methods = []
     get_context = pipeline.mp.get_context
     monkeypatch.setattr(pipeline.mp, "get_context",
@@ -177,7 +178,7 @@ def test_truncation_amounts_match_token_by_token_loop():
                 assert inst.truncation_amounts(la, lb, m) == (la - a, lb - b)
 
 
-_REAL_CHUNK_TO_FILE = pipeline._process_chunk_to_file
+_REAL_CHUNK_TO_FILE = pipeline.process_chunk_to_file
 
 
 def _chunk_to_file_failing_at_2(chunk_index, docs_path, spool):
@@ -203,7 +204,7 @@ def test_failure_leaves_no_partial_output(tmp_path, monkeypatch, workers):
         return real(k, docs)
 
     monkeypatch.setattr(pipeline, "process_chunk", flaky)  # one worker: in this process
-    monkeypatch.setattr(pipeline, "_process_chunk_to_file", _chunk_to_file_failing_at_2)
+    monkeypatch.setattr(pipeline, "process_chunk_to_file", _chunk_to_file_failing_at_2)
     with pytest.raises(RuntimeError, match="disk on fire"):
         run_tool([SAMPLE[1]], [out], chunk_chars=50_000, num_workers=workers)
     if workers == 1:

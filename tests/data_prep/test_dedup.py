@@ -2,7 +2,6 @@
 
 import json
 import os
-import random
 import subprocess
 import sys
 
@@ -11,14 +10,7 @@ import pytest
 
 from data_prep.dedup import Deduplicator, DiskDeduplicator, digest, lsh_bands, normalize
 from tests.conftest import REPO
-
-
-def _passages(n: int, words: int = 300) -> list[str]:
-    """`n` disjoint `words`-word passages of the sample corpus's Britannica article."""
-    text = (REPO / "data_prep" / "sample_corpus" / "britannica.txt").read_text()
-    w = text.split()
-    assert len(w) >= n * words
-    return [" ".join(w[i * words:(i + 1) * words]) for i in range(n)]
+from tests.data_prep.helpers import mixed_corpus, passages
 
 
 def _jaccard(a: str, b: str, k: int = 5) -> float:
@@ -37,7 +29,7 @@ def _edit(doc: str, positions, word: str = "zyzzyva") -> str:
 
 def test_exact_duplicates_after_case_and_whitespace():
     d = Deduplicator()
-    doc = _passages(1)[0]
+    doc = passages(1)[0]
     assert d.check(doc) is None
     assert d.check(doc) == "exact"
     assert d.check("  " + doc.upper().replace(" ", " \n\t ") + "\n") == "exact"
@@ -46,7 +38,7 @@ def test_exact_duplicates_after_case_and_whitespace():
 
 
 def test_near_duplicates_removed_unrelated_kept():
-    docs = _passages(40)
+    docs = passages(40)
     d = Deduplicator()
     assert [d.check(doc) for doc in docs] == [None] * 40  # unrelated passages all kept
     # A few words changed (each in up to 5 shingles): Jaccard ~0.9 > 0.8.
@@ -61,7 +53,7 @@ def test_near_duplicates_removed_unrelated_kept():
 
 
 def test_threshold_decides():
-    doc = _passages(1)[0]
+    doc = passages(1)[0]
     edited = _edit(doc, range(0, 300, 30))  # 10 words changed
     assert round(_jaccard(doc, edited), 2) == 0.73
     strict, loose = Deduplicator(threshold=0.9), Deduplicator(threshold=0.5)
@@ -105,24 +97,6 @@ def test_short_and_empty_documents():
         Deduplicator(threshold=1.5)
 
 
-def _mixed_corpus(seed: int = 0) -> list[str]:
-    """Unrelated passages, overlapping windows (clusters near the threshold), few-word
-    edits, exact copies (some recased or re-spaced) and short texts, shuffled."""
-    rng = random.Random(seed)
-    w = (REPO / "data_prep" / "sample_corpus" / "britannica.txt").read_text().split()
-    docs = _passages(30, 100) + [" ".join(w[i:i + 200]) for i in range(3000, 9000, 25)]
-    for _ in range(150):
-        e = rng.choice(docs).split()
-        for _ in range(rng.randint(1, 6)):
-            e[rng.randrange(len(e))] = rng.choice(["the", "zyzzyva", "x"])
-        docs.append(" ".join(e))
-    docs += [rng.choice(docs) for _ in range(60)]
-    docs += [rng.choice(docs).upper().replace(" ", "  ") for _ in range(20)]
-    docs += ["", "two words", "Two  WORDS", "three words here"]
-    rng.shuffle(docs)
-    return docs
-
-
 def _disk_decisions(docs, folder, **kw) -> tuple[list, DiskDeduplicator]:
     with DiskDeduplicator(str(folder), **kw) as d:
         for i, doc in enumerate(docs):
@@ -140,7 +114,7 @@ def _disk_decisions(docs, folder, **kw) -> tuple[list, DiskDeduplicator]:
 def test_disk_deduplicator_decides_as_deduplicator(tmp_path):
     """The out-of-core index gives check's answers, document for document, and hands back
     the kept documents' payloads in order."""
-    docs = _mixed_corpus()
+    docs = mixed_corpus()
     ref = Deduplicator()
     expected = [ref.check(doc) for doc in docs]
     assert ref.kept > 250 and ref.exact > 50 and ref.near > 100
@@ -155,7 +129,7 @@ def test_partitions_over_the_budget_are_split_again(tmp_path):
     """A partition file bigger than partition_bytes is re-partitioned by another hash (and
     again, while it is too big) before it is read: the same answers. One key in every entry
     (the same text many times) cannot be split; it is read whole."""
-    docs = _mixed_corpus(1)[:500]
+    docs = mixed_corpus(1)[:500]
     ref = Deduplicator()
     expected = [ref.check(doc) for doc in docs]
     answers, d = _disk_decisions(docs, tmp_path / "a", partitions=2, partition_bytes=4000)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from bert_jax.data.checks import DataCheckError
+from bert_jax.data.features import DataCheckError
 from bert_jax.data.tokenization import VocabError
 from data_prep import pipeline
 from data_prep.paths import InputError

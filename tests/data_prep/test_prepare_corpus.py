@@ -2,7 +2,7 @@
 
 import os
 
-from data_prep.prepare_corpus import convert_text, format_documents, split_sentences
+from data_prep.corpus.sample import convert_text, format_documents, split_sentences
 from tests.data_prep.helpers import SAMPLE
 
 PLAY = """HAMLET

@@ -117,7 +117,10 @@ def test_cli_errors_are_clear_and_early(tmp_path):
     blocker.write_text("")
     r = _cli(f"--input_file={SAMPLE[0]}", f"--output_file={blocker}/sub/o.tfrecord",
              f"--vocab_file={VOCAB}", "--noprogress")
-    assert r.returncode == 1 and "a_file" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"create_pretraining_data: error: --output_file: {blocker} is a file, so "
+        f"{blocker}/sub/o.tfrecord cannot be written there: pass another path"]
 
 
 def test_cli_end_to_end_with_shards(tmp_path):

@@ -30,6 +30,7 @@ POSITIONS = jnp.array([[1, 2, 5], [3, 4, 0], [1, 2, 3]])
     ("xla", "gpu", "bfloat16", 0.1, "hash", True, "xla"),
     ("pallas", "cpu", "float32", 0.1, "hash", True, "pallas"),  # interpret mode
     ("cudnn", "gpu", "bfloat16", 0.1, "hash", False, "cudnn"),
+    ("cudnn", "gpu", "bfloat16", 0.1, "jax", True, "cudnn"),    # cuDNN's own dropout
     ("pallas", "tpu", "bfloat16", 0.1, "hash", False, "pallas"),  # splash: eval only
 ])
 def test_resolve(impl, plat, dtype, rate, rng, training, want):
@@ -40,7 +41,6 @@ def test_resolve(impl, plat, dtype, rate, rng, training, want):
 @pytest.mark.parametrize("impl, plat, dtype, rate, rng, message", [
     ("cudnn", "cpu", "bfloat16", 0.0, "hash", "needs a GPU"),
     ("cudnn", "gpu", "float32", 0.0, "hash", "bfloat16 or float16"),
-    ("cudnn", "gpu", "bfloat16", 0.1, "hash", "attention_probs_dropout_prob=0"),
     ("pallas", "gpu", "bfloat16", 0.1, "jax", "dropout_rng=hash"),
     ("pallas", "tpu", "bfloat16", 0.1, "hash", "splash attention, which has no"),
     ("pallas", "mps", "bfloat16", 0.0, "hash", "not mps"),

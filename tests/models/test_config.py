@@ -23,13 +23,15 @@ def test_reads_and_writes_original_format(tmp_path):
     config.to_json_file(out, original_only=True)
     assert json.loads(out.read_text()) == ORIGINAL_BASE
     full = json.loads(config.to_json_string())
-    assert set(full) == set(ORIGINAL_KEYS) | {"layer_norm_eps", "pre_ln", "dtype", "param_dtype",
+    # dtype "auto" (the default) is left out: see test_auto_dtype_is_left_out_of_the_json
+    assert set(full) == set(ORIGINAL_KEYS) | {"layer_norm_eps", "pre_ln", "param_dtype", "fp8",
                                               "remat", "scan_layers", "scan_unroll",
                                               "dropout_rng",
                                               "attention", "fused_qkv", "pallas_block_q",
                                               "pallas_block_k", "pallas_bwd_block_q",
                                               "pallas_bwd_block_k", "pallas_num_warps",
-                                              "pallas_num_stages", "gelu_backward",
+                                              "pallas_num_stages", "pallas_bwd_num_warps",
+                                              "pallas_bwd_num_stages", "gelu_backward",
                                               "residual_norm",
                                               "position_embedding",
                                               "rope_theta", "local_rope_theta", "ffn_type",
@@ -55,6 +57,9 @@ def test_unknown_key_is_named(tmp_path):
     (dict(remat="sometimes"), "remat"),
     (dict(attention="flash"), "attention"),
     (dict(dtype="float8"), "dtype"),
+    (dict(param_dtype="auto"), "param_dtype"),
+    (dict(fp8=1), "fp8 must be true or false"),
+    (dict(fp8=True, fused_qkv=True), "set fused_qkv=False"),
     (dict(position_embedding="alibi"), "position_embedding"),
     (dict(position_embedding="rotary", hidden_size=96, num_attention_heads=32), "even head"),
     (dict(rope_theta=0.5), "rope_theta must be a number > 1"),
@@ -94,3 +99,38 @@ def test_layer_windows():
     c = BertConfig(num_hidden_layers=7, global_attn_every_n_layers=3, local_attention=128)
     assert [c.layer_window(i) for i in range(7)] == [0, 64, 64, 0, 64, 64, 0]
     assert BertConfig().layer_window(1) == 0
+
+
+def test_auto_dtype_resolves_by_platform():
+    """model.dtype=auto computes bfloat16 where the step compiles for a GPU or TPU and float32
+    on CPU (tests/test_auto_dtype.py checks it on compiled steps); a named dtype is itself."""
+    auto = BertConfig()
+    assert auto.dtype == "auto" and auto.param_dtype == "float32"
+    assert [auto.dtype_for(p) for p in ("gpu", "tpu", "cpu")] == ["bfloat16", "bfloat16",
+                                                                 "float32"]
+    for dtype in ("float32", "bfloat16", "float16"):
+        assert {BertConfig(dtype=dtype).dtype_for(p) for p in ("gpu", "tpu", "cpu")} == {dtype}
+    assert auto.describe_compute("tpu") == ("compute bfloat16 (model.dtype=auto), params "
+                                            "float32")
+    assert BertConfig(dtype="float32", fp8=True).describe_compute("gpu") == (
+        "compute float32 (model.dtype=float32), params float32, FP8 products (model.fp8)")
+
+
+def test_auto_dtype_is_left_out_of_the_json(tmp_path):
+    """A bert_config.json of model.dtype=auto has no "dtype" key (read back as auto), so that
+    transformers, which reads "dtype" as a torch dtype's name, reads it too; a named dtype
+    is written as before."""
+    path = tmp_path / "bert_config.json"
+    BertConfig(hidden_size=64, num_attention_heads=2).to_json_file(path)
+    assert "dtype" not in json.loads(path.read_text())
+    assert BertConfig.from_json_file(path) == BertConfig(hidden_size=64, num_attention_heads=2)
+    named = BertConfig(dtype="bfloat16")
+    assert json.loads(named.to_json_string())["dtype"] == "bfloat16"
+    assert BertConfig.from_dict(json.loads(named.to_json_string())) == named
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    theirs = transformers.BertConfig.from_json_file(str(path))
+    assert theirs.hidden_size == 64
+    with pytest.raises(AttributeError):  # what an "auto" in the file would do
+        path.write_text(json.dumps({**ORIGINAL_BASE, "dtype": "auto"}))
+        transformers.BertConfig.from_json_file(str(path))

@@ -61,7 +61,8 @@ def test_fused_paths_get_the_window_on_local_layers_only(scan, monkeypatch):
     calls = []
 
     def fused(impl, q, k, v, kv_mask, *, dropout_rate=0.0, dropout_key=None,
-              pallas_options=None, biases=None, packed_grads=False, **window):
+              pallas_options=None, biases=None, packed_grads=False, cudnn_seed=0,
+              **window):
         calls.append(window)
         if biases is not None:  # a path that adds the projection biases itself
             q, k, v = ((x.astype(jnp.float32) + b).astype(x.dtype)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax.models import BertForPreTraining, BertModel
-from bert_jax.models.attention_ops import AttentionConfigError, resolve
+from bert_jax.models.attention_ops import resolve
 from bert_jax.models.embeddings import restart_positions
 from bert_jax.tasks.pretraining.loss import pretraining_loss
 from bert_jax.tasks import pretraining
@@ -152,9 +152,9 @@ def test_splash_attention_keeps_packed_sequences_apart_in_interpret_mode():
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in vjp(jnp.ones_like(got)))
 
 
-def test_cudnn_refuses_packed_rows_and_auto_takes_pallas():
+def test_auto_takes_pallas_for_packed_rows_and_explicit_cudnn_takes_them():
     config = tiny_config(dtype="bfloat16", attention_probs_dropout_prob=0.0)
     assert resolve("auto", "gpu", config, training=False, packed=False) == "cudnn"
     assert resolve("auto", "gpu", config, training=False, packed=True) == "pallas"
-    with pytest.raises(AttentionConfigError, match="packed"):
-        resolve("cudnn", "gpu", config, training=False, packed=True)
+    # cudnn.py: the sequence ids as an additive mask (tests/models/test_cudnn_attention.py)
+    assert resolve("cudnn", "gpu", config, training=False, packed=True) == "cudnn"

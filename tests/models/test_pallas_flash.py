@@ -6,7 +6,11 @@ segments, and shard offsets; the fused backward kernel (keys in one block) and t
 multi-block one. float32 throughout, so the two paths differ only by summation
 order: rtol 1e-5 (atol 1e-6 of the largest value)."""
 
+import importlib.util
+import os
 import re
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +19,7 @@ import pytest
 
 from bert_jax.models.attention_ops import pallas_flash, xla
 from bert_jax.models.dropout import Dropout, keep_mask
+from tests.conftest import REPO
 from tests.models.helpers import assert_close
 
 KEY = jax.random.key(7)  # the flax "dropout" rng of the call
@@ -237,6 +242,7 @@ def test_rejects_bad_arguments():
     dict(block_k=16),                                  # backward too: 32 x 16 everywhere
     dict(block_q=16, block_k=32, bwd_block_q=32, bwd_block_k=16),
     dict(block_q=16, block_k=16, num_warps=8, num_stages=3),
+    dict(bwd_num_warps=8, bwd_num_stages=1),
 ])
 def test_tuning_options_keep_outputs_and_gradients(options):
     # Block sizes, warps and stages change the schedule only: against the default blocks
@@ -270,8 +276,10 @@ def test_model_options_reach_the_kernel(monkeypatch):
     config = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
                         num_attention_heads=2, intermediate_size=64,
                         max_position_embeddings=32, attention="pallas",
-                        pallas_block_q=32, pallas_bwd_block_k=16, pallas_num_warps=8)
-    assert config.pallas_options == dict(block_q=32, bwd_block_k=16, num_warps=8)
+                        pallas_block_q=32, pallas_bwd_block_k=16, pallas_num_warps=8,
+                        pallas_bwd_num_stages=3)
+    assert config.pallas_options == dict(block_q=32, bwd_block_k=16, num_warps=8,
+                                         bwd_num_stages=3)
     assert BertConfig().pallas_options == {}
     ids = jnp.ones((2, 24), jnp.int32)
     model = BertModel(config)
@@ -279,9 +287,10 @@ def test_model_options_reach_the_kernel(monkeypatch):
     assert attention_ops.platform() == "cpu" and not seen  # init takes the XLA path
     model.apply(params, ids, jnp.ones_like(ids), jnp.zeros_like(ids))
     assert len(seen) == 1
-    assert {k: seen[0][k] for k in ("block_q", "bwd_block_k", "num_warps")} == dict(
-        block_q=32, bwd_block_k=16, num_warps=8)
-    assert not {"block_k", "bwd_block_q", "num_stages"} & set(seen[0])
+    assert {k: seen[0][k] for k in ("block_q", "bwd_block_k", "num_warps",
+                                    "bwd_num_stages")} == dict(
+        block_q=32, bwd_block_k=16, num_warps=8, bwd_num_stages=3)
+    assert not {"block_k", "bwd_block_q", "num_stages", "bwd_num_warps"} & set(seen[0])
 
 
 @pytest.mark.parametrize("options, message", [
@@ -290,6 +299,8 @@ def test_model_options_reach_the_kernel(monkeypatch):
     (dict(num_warps=6), "num_warps must be a power of two <= 32, got 6"),
     (dict(num_warps=64), "num_warps must be a power of two <= 32, got 64"),
     (dict(num_stages=0), "num_stages must be an integer >= 1, got 0"),
+    (dict(bwd_num_warps=12), "bwd_num_warps must be a power of two <= 32, got 12"),
+    (dict(bwd_num_stages=0), "bwd_num_stages must be an integer >= 1, got 0"),
 ])
 def test_rejects_bad_tuning_options(options, message):
     q = jnp.zeros((1, 16, 1, 16))
@@ -305,6 +316,7 @@ def test_rejects_bad_tuning_options(options, message):
     (dict(pallas_num_warps=3), "pallas_num_warps must be 0 .* power of two <= 32, got 3"),
     (dict(pallas_num_stages=-1), "pallas_num_stages must be 0 .* integer >= 1, got -1"),
     (dict(pallas_num_stages=2.0), "pallas_num_stages must be 0 .* got 2.0"),
+    (dict(pallas_bwd_num_warps=48), "pallas_bwd_num_warps must be 0 .* <= 32, got 48"),
 ])
 def test_config_rejects_bad_tuning_fields(change, message):
     from bert_jax.models import BertConfig, ConfigError
@@ -478,3 +490,53 @@ def test_packed_gradients_are_the_same_gradients_in_one_array():
     assert f"f32[{b},{n},3,{h},{d}]" not in jaxpr
     for g, w in zip(jax.tree_util.tree_leaves(split), jax.tree_util.tree_leaves(want)):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
+                    reason="lowers for a GPU description: needs jax's CUDA plugin importable")
+def test_backward_kernels_take_their_own_warps_and_stages():
+    # Lowered for the H100 description (no GPU): each Triton kernel's settings as lowered.
+    script = """
+import os, re, sys
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
+import jax, jax.numpy as jnp
+from jax.experimental import topologies
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from bert_jax.models.attention_ops import pallas_flash
+with open(sys.argv[1]) as f:
+    topo = topologies.get_topology_desc(platform="cuda", topology_name="",
+                                        target_config=f.read(), topology="1x1x1")
+mesh = Mesh(list(topo.devices), ("data",))
+spec = lambda s, t: jax.ShapeDtypeStruct(s, t, sharding=NamedSharding(mesh, P()))
+for length in (128, 512):
+    def f(q, k, v, seg):
+        o, vjp = jax.vjp(lambda q, k, v: pallas_flash.flash_attention(
+            q, k, v, seg, seg, num_warps=4, bwd_num_warps=8, bwd_num_stages=3), q, k, v)
+        return vjp(o)
+    a = spec((2, length, 2, 64), jnp.bfloat16)
+    with jax.set_mesh(mesh):
+        text = jax.jit(f).lower(a, a, a, spec((2, length), jnp.int32)).as_text()
+    for line in text.splitlines():
+        if "xla.gpu.triton" in line:
+            print(length, *re.findall(r'name = "(\\w+)"|num_stages = (\\d+)|num_warps = (\\d+)',
+                                      line))
+"""
+    target = REPO.parent / "shared" / "gpu" / "h100_sxm.txtpb"
+    if not target.exists():
+        pytest.skip(f"no GPU description at {target}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
+    done = subprocess.run([sys.executable, "-c", script, str(target)], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    kernels = {}
+    for line in done.stdout.splitlines():
+        length, *found = line.split(" ", 1)
+        name = re.search(r"'(flash_attention_\w+)'", line).group(1)
+        stages, warps = re.findall(r"'(\d+)'", line)[:2]
+        kernels[int(length), name] = (int(warps), int(stages))
+    assert kernels == {(128, "flash_attention_fwd"): (4, 2),
+                       (128, "flash_attention_bwd_fused"): (8, 3),
+                       (512, "flash_attention_fwd"): (4, 2),
+                       (512, "flash_attention_bwd_dkdv"): (8, 3),
+                       (512, "flash_attention_bwd_dq"): (8, 3)}

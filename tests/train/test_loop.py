@@ -15,7 +15,7 @@ from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.convert.sources import open_source
 from bert_jax.models.config import ConfigError, from_config_dict
 from bert_jax.data import device as data_device
-from bert_jax.data.checks import DataCheckError
+from bert_jax.data.features import DataCheckError
 from bert_jax.tasks.pretraining.loss import pretraining_loss
 from bert_jax.tasks import pretraining
 from bert_jax.train import loop

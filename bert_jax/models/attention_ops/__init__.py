@@ -5,10 +5,12 @@
 Paths (one file each):
   xla     scores, float32 softmax, dropout on the probabilities, values: the reference,
           bit for bit the numerics bert_jax always had; any platform, any dropout masks.
-  cudnn   cuDNN's fused flash attention through `jax.nn.dot_product_attention` (GPU,
-          bfloat16 / float16). jax exposes no dropout for it, so it serves steps without
-          attention-probability dropout: evaluation and prediction, and training with
-          `model.attention_probs_dropout_prob=0`.
+  cudnn   cuDNN's fused flash attention (cudnn.py, GPU, bfloat16 / float16), with cuDNN's own
+          attention-probability dropout: masks from a compile-time seed per layer and a
+          per-call counter, not from the step's key (cudnn.py says what follows: resumed
+          runs draw other masks, data-parallel shards repeat each other's). `auto` takes
+          it only without attention dropout: evaluation and prediction, and training
+          with `model.attention_probs_dropout_prob=0`.
   pallas  on GPU (and CPU) our flash-attention kernel (pallas_flash.py): probabilities
           never leave the kernel, and the paper's attention-probability dropout is applied
           inside it with the same counter-based hash masks as the XLA path
@@ -26,8 +28,8 @@ Packed rows (several sequences per row, `BertModel(sequence_ids=...)`): the mask
 row's <int32>[batch, length] sequence ids instead of a <bool> padding mask, and a token
 attends exactly the tokens of its own sequence (padding, id 0, attends padding). The XLA
 path builds the block-diagonal [batch, q, k] mask; Pallas (GPU, CPU) and splash (TPU) take
-the ids as their segment ids; cuDNN through `jax.nn.dot_product_attention` has no segment
-ids, so `auto` takes Pallas for packed rows on a GPU.
+the ids as their segment ids; cuDNN an additive mask of the ids (or, in cudnn.py, its packed
+layout of offsets); `auto` takes Pallas for packed rows on a GPU.
 
 Sliding-window layers (`window` > 0: query i attends key j only if |i - j| <= window, on top
 of the padding / packing rule; positions are row indices, so in packed rows the in-sequence
@@ -87,7 +89,7 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False,
         raise AttentionConfigError(
             f"attention window must be an integer >= 0 (0 = global), got {window!r}")
     dropout = training and config.attention_probs_dropout_prob > 0
-    half = config.dtype in ("bfloat16", "float16")
+    half = config.dtype_for(plat) in ("bfloat16", "float16")
     if impl == "auto":
         if plat == "gpu" and not dropout and half and not packed and not window:
             return "cudnn"
@@ -101,22 +103,12 @@ def resolve(impl: str, plat: str, config, training: bool, packed: bool = False,
                 "(use auto or xla)")
         if not half:
             raise AttentionConfigError(
-                f"model.attention=cudnn needs model.dtype bfloat16 or float16, got "
-                f"{config.dtype!r} (use auto, pallas or xla)")
-        if packed:
-            raise AttentionConfigError(
-                "model.attention=cudnn cannot keep packed sequences apart (no segment ids); "
-                "use auto or pallas for packed data")
+                f"model.attention=cudnn needs model.dtype bfloat16 or float16 (or auto on "
+                f"a GPU), got {config.dtype!r} (use auto, pallas or xla)")
         if window:
             raise AttentionConfigError(
                 f"model.attention=cudnn cannot run a sliding-window layer (window {window}): "
                 "jax's cuDNN attention takes only a causal left window; use auto or pallas")
-        if dropout:
-            raise AttentionConfigError(
-                "model.attention=cudnn has no attention-probability dropout; set "
-                "model.attention_probs_dropout_prob=0 to train with it, or use auto / "
-                f"pallas (got attention_probs_dropout_prob="
-                f"{config.attention_probs_dropout_prob})")
     if impl == "pallas":
         if plat not in ("gpu", "cpu", "tpu"):
             raise AttentionConfigError(
@@ -160,12 +152,15 @@ def packs_grads(impl: str, length: int, pallas_options=None, window: int = 0) ->
 
 
 def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key=None,
-          pallas_options=None, window: int = 0, biases=None, packed_grads: bool = False):
+          pallas_options=None, window: int = 0, biases=None, packed_grads: bool = False,
+          cudnn_seed: int = 0):
     """A fused path ("cudnn" or "pallas") on q, k, v: <dtype>[batch, length, heads, kv]
     (q unscaled) with kv_mask: <bool>[batch, length] (True = real token), or for packed
-    rows <int32>[batch, length] sequence ids (pallas only). dropout_key: the attention
-    dropout's flax key, None for no dropout. pallas_options: block sizes, warps and stages
-    of the GPU/CPU Pallas kernel (BertConfig.pallas_options; splash on TPU ignores them).
+    rows <int32>[batch, length] sequence ids. dropout_key: the attention dropout's flax key,
+    None for no dropout (cudnn draws its own masks from the static `cudnn_seed`, an int in
+    [0, 2**31): cudnn.py; the key then only says that this call drops). pallas_options:
+    block sizes, warps and stages of the GPU/CPU Pallas kernel (BertConfig.pallas_options;
+    splash on TPU ignores them).
     window: 0 = global; > 0 = a sliding-window layer, query i attends key j only if
     |i - j| <= window as well (Pallas and splash; cudnn raises AttentionConfigError).
     biases: None, or (q_bias, k_bias, v_bias), each <float32>[heads, kv], to add to q, k, v
@@ -183,7 +178,8 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
     heads = q.shape[2]
     seeds = None
     if dropout_key is not None and dropout_rate > 0:
-        seeds = draw_seeds(dropout_key)
+        if impl != "cudnn":
+            seeds = draw_seeds(dropout_key)
     else:  # evaluation: the model passes its configured rate and no key
         dropout_rate = 0.0
 
@@ -199,7 +195,8 @@ def fused(impl: str, q, k, v, kv_mask, *, dropout_rate: float = 0.0, dropout_key
 
     def local(q, k, v, biases, kv_mask, seeds, batch_axes, head_axes):
         if impl == "cudnn":
-            return cudnn.attention(q, k, v, kv_mask)
+            return cudnn.attention(q, k, v, kv_mask, dropout_rate=dropout_rate,
+                                   seed=cudnn_seed)
         if platform() == "tpu":
             return splash_tpu.attention(q, k, v, kv_mask, window=window)
         batch_offset = head_offset = 0

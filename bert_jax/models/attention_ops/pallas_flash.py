@@ -84,13 +84,15 @@ class _Cfg(NamedTuple):
     total_heads: int
     fwd_blocks: tuple     # (block_q, block_k) of the forward kernel
     bwd_blocks: tuple     # (block_q, block_k) of the two backward kernels
-    num_warps: int
+    num_warps: int        # Triton's settings of the forward kernel
     num_stages: int
     interpret: bool
     window: int = 0       # sliding-window half width; 0 = global
     head_dim: int = 0     # unpadded head dim: the output is sliced to [:, :q_len, :, :head_dim]
     bias: bool = False    # q, k, v arrive before their per-head biases, added on every load
     packed: bool = False  # the fused backward kernel writes dQ, dK, dV as one [.., 3, ..] array
+    bwd_num_warps: int = 0   # those of the backward kernels (0: the forward's)
+    bwd_num_stages: int = 0
 
 
 def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
@@ -98,7 +100,7 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
                     total_heads=None,
                     block_q=None, block_k=None, bwd_block_q=None, bwd_block_k=None,
                     num_warps=None, num_stages=None, interpret=None, window: int = 0,
-                    packed_grads: bool = False):
+                    packed_grads: bool = False, bwd_num_warps=None, bwd_num_stages=None):
     """Softmax attention of q over k, v with in-kernel dropout on the probabilities.
 
     q: <dtype>[batch, q_len, heads, head_dim] (unscaled: the kernel divides by
@@ -115,7 +117,9 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
     a block longer than the (power-of-two rounded) length is cut
     to it, and lengths need not be multiples (padded inside). num_warps (a power of two
     <= 32), num_stages (>= 1): Triton's settings for all three kernels (defaults 4 and 2;
-    ignored in interpret mode). None of these change the result beyond summation order.
+    ignored in interpret mode); bwd_num_warps, bwd_num_stages: those of the backward kernels
+    instead (default: as the forward's), whose float32 dK, dV accumulators ([keys, d] each,
+    per program) want more warps to stay in registers than the forward's one [bq, d]. None of these change the result beyond summation order.
     interpret: None = interpret mode iff the current trace compiles for CPU
     (attention_ops.platform()).
     window: 0 = global attention; > 0 (self-attention: q_len == kv_len) = a sliding window,
@@ -179,6 +183,10 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
     num_warps = _tuning("num_warps", num_warps, 4, lambda n: n <= 32 and _pow2(n),
                         "a power of two <= 32")
     num_stages = _tuning("num_stages", num_stages, 2, lambda n: True, "an integer >= 1")
+    bwd_num_warps = _tuning("bwd_num_warps", bwd_num_warps, num_warps,
+                            lambda n: n <= 32 and _pow2(n), "a power of two <= 32")
+    bwd_num_stages = _tuning("bwd_num_stages", bwd_num_stages, num_stages, lambda n: True,
+                             "an integer >= 1")
     d_pad = max(16, pl.next_power_of_2(head_dim))  # Triton: power-of-two tiles, dots >= 16
     as_dtype = lambda x: float(np.asarray(x, q.dtype))  # noqa: E731 - round to compute dtype
     cfg = _Cfg(q_len=q_len, kv_len=kv_len, kv_padded=kv_pad != kv_len,
@@ -187,6 +195,7 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
                keep_scale=as_dtype(1.0 / (1.0 - threshold / 2.0**32)) if threshold else 1.0,
                total_heads=int(total_heads or heads), fwd_blocks=fwd_blocks,
                bwd_blocks=bwd_blocks, num_warps=num_warps, num_stages=num_stages,
+               bwd_num_warps=bwd_num_warps, bwd_num_stages=bwd_num_stages,
                interpret=bool(interpret), window=int(window), head_dim=head_dim,
                bias=biases is not None,
                packed=bool(packed_grads) and q_len == kv_len and kv_pad == bwd_blocks[1])
@@ -220,7 +229,8 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
 
 
 def packs_grads(length: int, *, block_q=None, block_k=None, bwd_block_q=None,
-                bwd_block_k=None, num_warps=None, num_stages=None) -> bool:
+                bwd_block_k=None, num_warps=None, num_stages=None, bwd_num_warps=None,
+                bwd_num_stages=None) -> bool:
     """Whether self-attention over `length` tokens with these options runs the one fused
     backward kernel, which flash_attention(..., packed_grads=True) has write dQ, dK, dV as
     one array."""
@@ -429,11 +439,15 @@ def _probs(s, lse, q_start, cfg):
     return jnp.exp(s - lse[:, None]) * inv[:, None]
 
 
-def _compiler_params(cfg):
+def _compiler_params(cfg, backward: bool = False):
+    """Triton's settings of the forward kernel, or with `backward` of the backward ones."""
     params = (getattr(_triton, "CompilerParams", None)
               or getattr(_triton, "TritonCompilerParams", None))
     if params is None or cfg.interpret:  # pragma: no cover
         return None
+    if backward:
+        return params(num_warps=cfg.bwd_num_warps or cfg.num_warps,
+                      num_stages=cfg.bwd_num_stages or cfg.num_stages)
     return params(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -691,7 +705,7 @@ def _fused_backward(cfg, q, k, v, biases, q_seg, kv_seg, params, o, lse, do):
                   full(q_pad), pl.BlockSpec((None, None, q_pad), lambda b, h: (b, h, 0))],
         out_specs=[*grad_specs, *db_specs],
         out_shape=[*grad_shapes, *db_shapes],
-        compiler_params=_compiler_params(cfg), interpret=cfg.interpret,
+        compiler_params=_compiler_params(cfg, backward=True), interpret=cfg.interpret,
         name="flash_attention_bwd_fused",
     )(params, *bias_arrays, q, k, v, q_seg, kv_seg, do, o, lse)
     if cfg.packed:
@@ -740,7 +754,8 @@ def _backward(cfg, res, do):
     db_spec = pl.BlockSpec((None, None, None, d), lambda x, b, h: (x, b, h, 0))
     db_shape = lambda n: jax.ShapeDtypeStruct((n, batch, heads, d), jnp.float32)  # noqa: E731
     with_bias = biases is not None
-    common = dict(compiler_params=_compiler_params(cfg), interpret=cfg.interpret)
+    common = dict(compiler_params=_compiler_params(cfg, backward=True),
+                  interpret=cfg.interpret)
 
     dk, dv, *kv_partials = pl.pallas_call(
         functools.partial(_dkdv_kernel, cfg=cfg),

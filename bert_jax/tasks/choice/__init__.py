@@ -29,7 +29,7 @@ from bert_jax.tasks import metrics
 from bert_jax.tasks.base import EvalSet, FinetuneTask
 from bert_jax.tasks.choice import reader as readers
 from bert_jax.tasks.choice.reader import ChoiceExample
-from bert_jax.tasks.classification import _encode_all, assemble_pair, classification_loss
+from bert_jax.tasks.classification import encode_all, assemble_pair, classification_loss
 from bert_jax.tasks.readers import DataError
 
 CHOICE_FORMATS = ("swag", "hellaswag", "jsonl")
@@ -59,8 +59,8 @@ def convert_examples(examples: Sequence[ChoiceExample], tokenizer, max_seq_lengt
     out = {k: np.zeros(shape, np.int32) for k in ("input_ids", "input_mask", "segment_ids")}
     out["label_ids"] = np.array([e.label or 0 for e in examples], np.int32)
     out["example_index"] = np.arange(n, dtype=np.int32)
-    contexts = _encode_all(tokenizer, [e.context for e in examples])
-    seconds = _encode_all(tokenizer, [second_segment(e, end) for e in examples
+    contexts = encode_all(tokenizer, [e.context for e in examples])
+    seconds = encode_all(tokenizer, [second_segment(e, end) for e in examples
                                       for end in e.endings])
     for i in range(n):
         for j in range(choices):
