@@ -78,14 +78,20 @@ def test_smoke_run(tmp_path):
     # largest bias gradient), bfloat16 to a few bf16 ulps.
     checks = {(c["path"], c["dtype"], c["dropout"]): c for c in
               json.loads((out / "gpu_suite.json").read_text())["checks"]["checks"]}
-    assert set(checks) == {(p, d, r) for d in ("float32", "bfloat16") for p, r in (
+    # Then the rows that check cuDNN's own dropout on a GPU, here against the stand-in (the
+    # XLA path with the hash dropout): padded rows, packed rows as a bias and as segments.
+    standin = {(p, "bfloat16", 0.1) for p in (
+        "cudnn stand-in", "cudnn stand-in bias", "cudnn stand-in segments")}
+    assert set(checks) == standin | {(p, d, r) for d in ("float32", "bfloat16") for p, r in (
         ("pallas", 0.1), ("pallas", 0.0), ("residual_norm", 0.1), ("residual_norm", 0.0),
         ("gelu", 0.0))}
     for (path, dtype, _), c in checks.items():
+        assert "error" not in c, c  # the stand-in's masks pass the statistics too
         limit = 2e-2 if dtype == "bfloat16" else 1e-5 if path == "pallas" else 2e-5
         assert c["out_err"] < limit and c["grad_err"] < limit, c
     assert "  pallas        float32   dropout 0.1  output " in text
     assert "  residual_norm bfloat16  dropout 0.1  output " in text
+    assert "  cudnn stand-in segments bfloat16  dropout 0.1  output " in text
 
     # The table: one default row per case with bert_jax and torch numbers, the variants.
     table = text.split("== Results:", 1)[1].split("\n\n", 1)[0].splitlines()
@@ -341,7 +347,7 @@ def test_deadline_skips_measurements_and_still_prints_the_table(tmp_path, monkey
 
 def test_skip_check_starts_no_kernel_check(tmp_path, monkeypatch):
     """--skip_check (a session's later calls): no check child, a line saying so, and the
-    measurements still run."""
+    measurements still run; --skip_mask_check: the check child without cuDNN's masks."""
     suite = _suite_module("suite")
     kinds = []
 
@@ -357,6 +363,14 @@ def test_skip_check_starts_no_kernel_check(tmp_path, monkeypatch):
     text = (out / "gpu_suite.txt").read_text()
     assert "== Kernel check: skipped (--skip_check) ==" in text
     assert json.loads((out / "gpu_suite.json").read_text())["checks"] == {"skipped": True}
+    # --skip_mask_check: the check runs without cuDNN's masks (attention_masks.py ran them).
+    specs = []
+    monkeypatch.setattr(suite, "spawn", lambda spec, timeout, report: specs.append(spec) or {
+        "error": "not run in this test", "wall_s": 0.0})
+    assert suite.main(["--smoke", f"--out={out}", "--skip_mask_check", "--cases=base128",
+                       "--variants=", "--profile_case="]) == 0
+    assert [(s["kind"], s.get("skip_masks")) for s in specs[:2]] == [("info", None),
+                                                                     ("check", True)]
 
 
 def test_torch_compile_follows_eager_in_each_case_and_packed_cases_have_no_torch(
@@ -388,8 +402,9 @@ def test_torch_compile_follows_eager_in_each_case_and_packed_cases_have_no_torch
 
 def test_the_default_run_is_two_parts(tmp_path):
     """--part=1 / --part=2: the default run's two calls under a 10-minute limit each (the
-    FP8 rows last, every torch row, the kernel check and the profile in part 1 only); flags
-    given explicitly win; without --part, everything in one run."""
+    FP8 rows last, every eager row, torch.compile for base128 and large512, base128's cuDNN
+    row, the kernel check and the profile in part 1 only); flags given explicitly win;
+    without --part, everything in one run."""
     suite = _suite_module("suite")
     p = suite.parser("")
 
@@ -399,22 +414,30 @@ def test_the_default_run_is_two_parts(tmp_path):
         return (cases, args.variants, args.compile_cases, args.profile_case, args.skip_check,
                 args.deadline_s)
 
-    assert resolved("--part=1") == (["base128", "large128"], "large128:fp8=true",
-                                    "base128,large128", "base128", False, 560.0)
+    assert resolved("--part=1") == (["base128", "large128"],
+                                    "base128:attention=cudnn;large128:fp8=true", "base128",
+                                    "base128", False, 560.0)
     assert resolved("--part=2") == (["large512", "packed512"],
                                     "large512:fp8=true;packed512:fp8=true", "large512", "",
                                     True, 560.0)
     assert resolved() == (["base128", "large128", "large512", "packed512"],
-                          "large128:fp8=true;large512:fp8=true;packed512:fp8=true",
-                          "base128,large128,large512", "base128", False, None)
+                          "base128:attention=cudnn;large128:fp8=true;large512:fp8=true;"
+                          "packed512:fp8=true", "base128,large128,large512", "base128", False,
+                          None)
     assert resolved("--part=2", "--cases=large512", "--variants=", "--deadline_s=500",
                     "--compile_cases=") == (["large512"], "", "", "", True, 500.0)
     assert resolved("--smoke")[2] == ""  # no torch.compile on CPU unless asked
     assert resolved("--variants=extra")[1] == suite.EXTRA_VARIANTS
-    # Every FP8 row applies to its part's cases.
-    for part, (cases, _, _) in suite.PARTS.items():
-        for _, overrides, only in suite.parse_variants(suite.PART_VARIANTS[part],
-                                                       list(suite.CASES)):
+    # Part 1 puts cuDNN with its own attention dropout (dropout left on) beside base128's
+    # default Pallas row, before the FP8 rows; every other variant is an FP8 row of its
+    # part's cases.
+    for part, (cases, _, _, compiled) in suite.PARTS.items():
+        assert set(compiled.split(",")) <= set(cases.split(",")), part
+        rows = suite.parse_variants(suite.PART_VARIANTS[part], list(suite.CASES))
+        if part == 1:
+            assert rows[0] == ("attention=cudnn", {"attention": "cudnn"}, {"base128"})
+            rows = rows[1:]
+        for _, overrides, only in rows:
             assert overrides == {"fp8": True} and only <= set(cases.split(",")), part
 
 

@@ -18,9 +18,12 @@ the table is always printed.
 
 --part=1 and --part=2 split the default run into two calls of under 10 minutes each (the
 estimate is in benchmarks/gpu_suite.py's docstring): part 1 the kernel check, base128 and
-large128 (base128 profiled), part 2 large512 and packed512; each with every case's torch
-rows, its FP8 variants (PART_VARIANTS) and --deadline_s=PART_DEADLINE_S unless given.
-Without --part, every case and both parts' variants in one run.
+large128 (base128 profiled), part 2 large512 and packed512; each with its cases' torch eager
+rows, torch.compile for base128 and large512 (PARTS: large128's would not fit), its
+variants (PART_VARIANTS: base128 with cuDNN's own attention dropout, `attention=cudnn`,
+beside the default Pallas row; then the FP8 rows) and --deadline_s=PART_DEADLINE_S unless
+given. Without --part, every case, every torch.compile row and both parts' variants in one
+run.
 
 --variants is ';'-separated, each entry `[case[+case...]:]key=value[,key=value]` with keys
 of the config's `model` section (no case prefix = every case; '' for none; 'extra' for
@@ -52,11 +55,15 @@ from .children import run_child, spawn
 from .common import CASES, PACKED, SMOKE_CONFIG, SMOKE_SHAPES, preds_for
 from .profile import profile_section
 
-# The default run in two calls: (cases, profiled case, kernel check) per part. Each part's
-# FP8 rows come last, after every case's torch rows: the deadline drops them first.
-PARTS = {1: ("base128,large128", "base128", True),
-         2: ("large512,packed512", "", False)}
-PART_VARIANTS = {1: "large128:fp8=true", 2: "large512:fp8=true;packed512:fp8=true"}
+# The default run in two calls: (cases, profiled case, kernel check, torch.compile cases)
+# per part. base128's cuDNN row (cuDNN's own attention dropout against the default Pallas
+# kernel with the hash dropout, in the whole step) decides `auto` with the attention sweep;
+# each part's FP8 rows come last, after every case's torch rows: the deadline drops them
+# first.
+PARTS = {1: ("base128,large128", "base128", True, "base128"),
+         2: ("large512,packed512", "", False, "large512")}
+PART_VARIANTS = {1: "base128:attention=cudnn;large128:fp8=true",
+                 2: "large512:fp8=true;packed512:fp8=true"}
 PART_DEADLINE_S = 560.0  # under a 10-minute command limit, with room for the table
 
 # Rows measured once or left for a session with time to spare (--variants=extra), most
@@ -101,8 +108,8 @@ def parser(description: str) -> argparse.ArgumentParser:
                         f"the older rows (default: the part's FP8 rows, without --part "
                         f"both parts': {';'.join(PART_VARIANTS.values())})")
     p.add_argument("--compile_cases", default=None,
-                   help="torch.compile cases (default: every case with torch rows; smoke: "
-                        "none; '' for none)")
+                   help="torch.compile cases (default: the part's, else every case with "
+                        "torch rows; smoke: none; '' for none)")
     p.add_argument("--profile_case", default=None,
                    help="case whose default row is traced ('' for none; default base128, "
                         "part 2: none)")
@@ -119,6 +126,9 @@ def parser(description: str) -> argparse.ArgumentParser:
                    help="no kernel check (about a minute on a GPU): for a session's second "
                         "and later calls, once the first has checked the kernels (part 2 "
                         "skips it)")
+    p.add_argument("--skip_mask_check", action="store_true",
+                   help="the kernel check without cuDNN's dropout masks (about 30 s), when "
+                        "benchmarks/attention_masks.py has just checked them")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes")
     return p
 
@@ -187,7 +197,8 @@ def resolve_args(p: argparse.ArgumentParser, args) -> list:
     if unknown:
         p.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
     if args.compile_cases is None:
-        args.compile_cases = "" if args.smoke else ",".join(c for c in cases if c not in PACKED)
+        args.compile_cases = ("" if args.smoke else part[3] if part
+                              else ",".join(c for c in cases if c not in PACKED))
     if args.profile_case and args.profile_case not in CASES:
         p.error(f"unknown --profile_case {args.profile_case!r}; known: {list(CASES)}")
     return cases
@@ -291,8 +302,8 @@ def main(argv=None, description: str = "") -> int:
         report.data["checks"] = {"skipped": True}
         report.print("== Kernel check: skipped (--skip_check) ==")
     else:
-        report_lib.kernel_checks(report, suite.spawn_within({"kind": "check",
-                                                             "smoke": args.smoke}))
+        report_lib.kernel_checks(report, suite.spawn_within(
+            {"kind": "check", "smoke": args.smoke, "skip_masks": args.skip_mask_check}))
     report.print()
     report.print("== Measurements (each in its own process) ==")
     profiled = suite.run_cases(cases, variants)
