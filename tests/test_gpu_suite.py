@@ -398,6 +398,14 @@ def test_torch_compile_follows_eager_in_each_case_and_packed_cases_have_no_torch
                    ("jax", False, {"fp8": True}, 3)]
     assert [(s["batch"], s["seq"], s["preds"]) for s in specs[1:]] == \
         [(4, 32, 5)] * 4 + [(2, 512, 77)] * 3
+    # --eager_cases='' (a short session): torch.compile without its eager row.
+    specs.clear()
+    assert suite.main(["--smoke", f"--out={tmp_path}", "--skip_check", "--profile_case=",
+                       "--cases=base128", "--compile_cases=base128", "--eager_cases=",
+                       "--variants=attention=cudnn"]) == 0
+    assert [(s["kind"], s.get("compile", False), s.get("overrides")) for s in specs] == [
+        ("info", False, None), ("jax", False, {}), ("torch", True, {}),
+        ("jax", False, {"attention": "cudnn"})]
 
 
 def test_the_default_run_is_two_parts(tmp_path):

@@ -10,11 +10,11 @@ at 128, 77 at 512, the same count for torch's labels):
              rows (HF's BertForPreTraining has no packed rows)
 
 Per case, each in its own child process (children.py): bert_jax's default row (the
---profile_case one also traced), HF torch eager, torch.compile right after it when
---compile_cases names the case, then the --variants rows that apply to the case. Before
-them, a version probe and the kernel check (kernel_check.py). Under --deadline_s, a
-measurement that would start with under a minute left is skipped (its cell says SKIP), so
-the table is always printed.
+--profile_case one also traced), HF torch eager (unless --eager_cases leaves the case out),
+torch.compile right after it when --compile_cases names the case, then the --variants rows
+that apply to the case. Before them, a version probe and the kernel check (kernel_check.py).
+Under --deadline_s, a measurement that would start with under a minute left is skipped
+(its cell says SKIP), so the table is always printed.
 
 --part=1 and --part=2 split the default run into two calls of under 10 minutes each (the
 estimate is in benchmarks/gpu_suite.py's docstring): part 1 the kernel check, base128 and
@@ -110,6 +110,9 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--compile_cases", default=None,
                    help="torch.compile cases (default: the part's, else every case with "
                         "torch rows; smoke: none; '' for none)")
+    p.add_argument("--eager_cases", default=None,
+                   help="cases with a torch eager row (default: every case with torch rows; "
+                        "'' for none: a short session that has measured them before)")
     p.add_argument("--profile_case", default=None,
                    help="case whose default row is traced ('' for none; default base128, "
                         "part 2: none)")
@@ -263,15 +266,17 @@ class Suite:
         without one)."""
         a, profiled = self.args, None
         compile_cases = {c.strip() for c in a.compile_cases.split(",") if c.strip()}
+        eager_cases = (set(cases) if a.eager_cases is None
+                       else {c.strip() for c in a.eager_cases.split(",") if c.strip()})
         for case in cases:
             prof = self.profile_spec(case) if case == a.profile_case else {}
             r = self.measure("bert_jax", case, "default", **prof)
             if prof:
                 profiled = r
-            if case not in PACKED:
+            if case not in PACKED and case in eager_cases:
                 self.measure("torch_eager", case, "eager")
-                if case in compile_cases:
-                    self.measure("torch_compile", case, "compile", compile=True)
+            if case not in PACKED and case in compile_cases:
+                self.measure("torch_compile", case, "compile", compile=True)
             for label, overrides, only in variants:
                 if case in only:
                     self.measure("bert_jax", case, label, overrides=overrides)
