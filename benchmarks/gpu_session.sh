@@ -4,8 +4,8 @@
 # real loop, FP8. Two device calls, run from the repository's root with the ml_collections
 # wheel carried (the GPU image lacks it):
 #
-#   here, once:  echo /.whl/ >> .git/info/exclude; mkdir -p .whl
-#                cp ../shared/wheels/ml_collections-*.whl .whl/
+#   here, once:  mkdir -p .whl && cp ../shared/wheels/ml_collections-*.whl .whl/
+#                (.gitignore ignores /.whl/; `carry` sends it)
 #   call 1:      run(command="bash benchmarks/gpu_session.sh 1", carry=[".whl"], timeout_s=420)
 #   call 2:      run(command="bash benchmarks/gpu_session.sh 2", carry=[".whl"], timeout_s=420)
 #                at once after call 1 (the machine stays warm 30 s), then give_back.
