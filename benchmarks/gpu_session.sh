@@ -126,7 +126,7 @@ else:
     if bf16 and fp8:
         census = large[("large128", "bert_jax", "fp8=True")].get("gemms", {})
         print(f"large128 FP8 {fp8:.1f} ms against bf16 {bf16:.1f} ms: "
-              f"{100 * (bf16 - fp8) / bf16:+.1f}% faster (the audit predicts 16%); "
+              f"{100 * (bf16 - fp8) / bf16:.1f}% faster (the audit predicts 16%); "
               f"{census.get('fp8', '?')} of {census.get('gemms', '?')} GEMMs take FP8 operands")
     metrics = work / "train" / "metrics.jsonl"
     if metrics.exists():
