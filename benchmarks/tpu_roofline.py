@@ -15,9 +15,11 @@ x body. FLOPs include the elementwise work the vector units do (softmax, GELU, d
 hash), timed here at the matrix units' peak: a floor for those too.
 
 The cost analysis is the TPU compiler's own count; step_hlo's audit (written for GPU
-programs) is used only to find the attention's kernels: it does not know the TPU's
-memory spaces (prefetches into on-chip memory, asynchronous slices), so its byte total
-is no estimate there. On a rolled layer loop the corrected cost analysis runs well above
+programs) finds the attention's kernels and counts their bytes, but it does not know the
+TPU's memory spaces (prefetches into on-chip memory, asynchronous slices), so its bytes
+are an upper bound there and its byte total no estimate of the step: the attention
+verdict's XLA side is as large as it can be (benchmarks/RESULTS.md sets a lower bound
+beside it, from a splash compile). On a rolled layer loop the corrected cost analysis runs well above
 the same step compiled unrolled (benchmarks/RESULTS.md): `--config.model.scan_unroll=0`
 compiles the loop-free program, whose count needs no correction.
 
