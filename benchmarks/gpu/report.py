@@ -126,7 +126,8 @@ def kernel_checks(report: Report, check: dict) -> None:
                  "max |diff| / max |reference| of the output and of the q/k/v gradients "
                  "(float32 dots may run as TF32 on a GPU); then residual_norm and gelu, "
                  "the residual + LayerNorm and GELU-backward kernels, against their XLA "
-                 "expressions (every input's gradient) ==")
+                 "expressions (every input's gradient); then cuDNN with its own dropout "
+                 "(benchmarks/attention_masks.py: its masks read back; on CPU a stand-in) ==")
     if "error" in check:
         report.print(f"check failed: {check['error']}")
     for c in check.get("checks", []):
