@@ -229,6 +229,10 @@ def report(compiled, mcfg, devices, batch: int, seq: int, kernels: list, recompi
              f"  compute {1e3 * roof['compute_s']:.1f} ms at peak, memory "
              f"{1e3 * roof['memory_s']:.1f} ms at HBM bandwidth (no overlap: "
              f"{1e3 * roof['sum_s']:.1f} ms)", loops_line(loops)]
+    if "second compile" in how:  # benchmarks/RESULTS.md: 3x the unrolled program's bytes
+        lines.append("  (a rolled loop's bytes run above the unrolled program's: the cost "
+                     "analysis reads its stacked buffers whole each trip; "
+                     "--config.model.scan_unroll=0 for the estimate)")
     attention, saved = attention_section(kernels, mcfg, batch, seq, chip, per_chip)
     lines += attention
     lines.append(
