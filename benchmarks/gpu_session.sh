@@ -37,6 +37,7 @@ LOG="$OUT/session$PART.log"
 SUMMARY="$OUT/summary$PART.txt"
 : > "$SUMMARY"
 exec > >(tee -a "$LOG") 2>&1
+TEE_PID=$!
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 
 note() { echo "$*" | tee -a "$SUMMARY"; }
@@ -190,3 +191,5 @@ fi
 figures
 pack
 note "part $PART done"
+exec >&- 2>&-  # let tee write the log's last lines before the call returns
+wait "$TEE_PID" 2>/dev/null || sleep 1
