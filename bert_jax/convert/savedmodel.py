@@ -29,9 +29,9 @@ from bert_jax.convert import sources
 from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import ReportedError
 from bert_jax.models import bert as models
-from bert_jax.models import gelu_ops
 from bert_jax.models import layers
 from bert_jax.models.config import BertConfig
+from bert_jax.models.kernels import gelu as gelu_kernel
 
 HEADS = ("encoder", "pretraining", "sequence", "token", "qa", "choice")
 HEAD_OUTPUTS = {
@@ -167,7 +167,7 @@ def head_function(head: str, config: BertConfig, params: Mapping
 def erf_rational(x):
     """erf from multiplies and one divide (Eigen's and XLA's float32 rational form, the one
     the GELU backward kernel uses): no chlo.erf in the exported program."""
-    return gelu_ops.erf_f32(x.astype(jnp.float32)).astype(x.dtype)
+    return gelu_kernel.erf_f32(x.astype(jnp.float32)).astype(x.dtype)
 
 
 def _gelu_rational(x):

@@ -27,8 +27,8 @@ from bert_jax import optim, paths
 from bert_jax import sharding as sharding_lib
 from bert_jax.data import device as data_device
 from bert_jax.errors import FaultError, ReportedError
-from bert_jax.models import attention_ops
-from bert_jax.models.backend import platform_name
+from bert_jax.models.kernels import attention as attention_ops
+from bert_jax.models.kernels.backend import platform_name
 from bert_jax.models.config import ConfigError
 from bert_jax.convert.sources import saved_steps
 from bert_jax.train import checkpoint as ckpt_lib

@@ -310,7 +310,7 @@ def test_profile_traces_the_configured_steps(tmp_path, capsys):
 
 
 def test_attention_that_cannot_run_here_fails_before_any_data_or_compile(tmp_path):
-    from bert_jax.models.attention_ops import AttentionConfigError
+    from bert_jax.models.kernels.attention import AttentionConfigError
 
     config = tiny_config(steps=2)
     config.model.attention = "cudnn"

@@ -1,7 +1,7 @@
 """Sliding-window attention (`window` > 0: query i attends key j only if |i - j| <= window, on
 top of the padding / packing rule) on every attention path against the XLA reference
-(attention_ops/xla.py, window=...): the Pallas kernel in interpret mode through
-attention_ops.fused, outputs and q / k / v gradients, with padding (rows with no allowed key
+(kernels/attention/xla.py, window=...): the Pallas kernel in interpret mode through
+kernels.attention.fused, outputs and q / k / v gradients, with padding (rows with no allowed key
 in their band included), packed rows, hash dropout, block-size options and lengths that are
 not a multiple of the block; the kernel's block skipping (loop bounds on numbers, and keys
 poisoned with NaN outside every visited block); splash's LocalMask on TPU in interpret
@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models import attention_ops
-from bert_jax.models.attention_ops import AttentionConfigError, pallas_flash, resolve, xla
 from bert_jax.models.dropout import Dropout
+from bert_jax.models.kernels import attention as attention_kernels
+from bert_jax.models.kernels.attention import AttentionConfigError, pallas_flash, resolve, xla
 from tests.models.helpers import assert_close, tiny_config
 
 KEY = jax.random.key(7)  # the flax "dropout" rng of the call
@@ -44,7 +44,7 @@ def _reference(q, k, v, mask, window, rate=0.0):
 
 
 def _pallas(q, k, v, mask, window, rate=0.0, **options):
-    return attention_ops.fused("pallas", q, k, v, mask, dropout_rate=rate,
+    return attention_kernels.fused("pallas", q, k, v, mask, dropout_rate=rate,
                                dropout_key=_dropout_key(rate) if rate else None,
                                pallas_options={**BLOCKS, **options}, window=window)
 
@@ -249,7 +249,9 @@ def test_the_window_benchmark_runs_on_cpu():
     import subprocess
     import sys
 
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.conftest import REPO
+
+    repo = str(REPO)
     out = subprocess.run(
         [sys.executable, "benchmarks/attention_window.py", "--length=64", "--window=5",
          "--batch=1", "--heads=1", "--head_dim=16", "--steps=1", "--block_q=16",
@@ -299,7 +301,7 @@ def test_pallas_window_at_larger_sizes(length, window, packed, rate):
     mask = (_packed(length, [(100, 90, 60), (length - 3,)]) if packed
             else _padding(length, [length, 123]))
     want = _value_and_grads(lambda *a: _reference(*a, mask, window, rate), q, k, v, w)
-    got = _value_and_grads(lambda *a: attention_ops.fused(
+    got = _value_and_grads(lambda *a: attention_kernels.fused(
         "pallas", *a, mask, dropout_rate=rate,
         dropout_key=_dropout_key(rate) if rate else None,
         pallas_options=dict(block_q=64, block_k=32, bwd_block_q=32, bwd_block_k=64),
@@ -311,8 +313,9 @@ def test_pallas_window_at_larger_sizes(length, window, packed, rate):
 
 
 def test_splash_head_mask_is_the_band():
-    from bert_jax.models.attention_ops import splash_tpu
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    from bert_jax.models.kernels.attention import splash_tpu
 
     local = splash_tpu.head_mask(384, 16)
     assert isinstance(local, sm.LocalMask) and local.window_size == (16, 16)
@@ -326,7 +329,8 @@ def test_splash_skips_the_blocks_outside_the_band():
     # the 10 blocks on and beside the diagonal of 16.
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
-    from bert_jax.models.attention_ops import splash_tpu
+
+    from bert_jax.models.kernels.attention import splash_tpu
 
     def visited(window):
         info, _ = splash_attention_mask_info.process_mask(
@@ -348,7 +352,7 @@ def test_splash_window_compiles_for_a_tpu(monkeypatch):
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from bert_jax.models.attention_ops import splash_tpu
+    from bert_jax.models.kernels.attention import splash_tpu
 
     # as tests/test_tpu_compile.py: metadata libtpu would look up on a TPU VM
     for name, value in (("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
@@ -374,7 +378,7 @@ def test_splash_window_compiles_for_a_tpu(monkeypatch):
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_splash_window_equals_xla_in_interpret_mode(packed):
-    from bert_jax.models.attention_ops import splash_tpu
+    from bert_jax.models.kernels.attention import splash_tpu
 
     length, window = 128, 16
     q, k, v, w = _inputs(2, length, seed=2)
@@ -420,14 +424,14 @@ def test_explicit_cudnn_refuses_a_window():
         resolve("cudnn", "gpu", config, False, window=64)
     with pytest.raises(AttentionConfigError, match="model.attention=cudnn cannot run"):
         x = jnp.zeros((1, 16, 1, 16), jnp.bfloat16)
-        attention_ops.fused("cudnn", x, x, x, jnp.ones((1, 16), bool), window=4)
+        attention_kernels.fused("cudnn", x, x, x, jnp.ones((1, 16), bool), window=4)
     with pytest.raises(AttentionConfigError, match="window must be an integer >= 0"):
         resolve("auto", "gpu", config, False, window=-1)
 
 
 def test_describe_names_the_window_layers_paths():
     config = tiny_config(dtype="bfloat16", attention_probs_dropout_prob=0.0)
-    line = attention_ops.describe(config, "gpu", window=64)
+    line = attention_kernels.describe(config, "gpu", window=64)
     assert line.startswith("attention cudnn (train), cudnn (eval); window 64 layers pallas "
                            "(train), pallas (eval) [model.attention=auto]")
-    assert "window" not in attention_ops.describe(config, "gpu")
+    assert "window" not in attention_kernels.describe(config, "gpu")

@@ -33,7 +33,7 @@ kernel only the query blocks that do (kv_block_range, q_block_range); inside a v
 keys outside the band are -inf. The dropout mask is indexed by global position as above.
 
 Lowered through Triton on GPU; on CPU it runs in Pallas' interpret mode (tests only: slow).
-Tests: tests/models/test_pallas_flash.py (against xla.attention + Dropout(impl="hash")).
+Tests: tests/models/kernels/test_pallas_flash.py (against xla.attention + Dropout(impl="hash")).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ try:  # jax's Triton-specific Pallas options (num_warps, num_stages); optional
 except ImportError:  # pragma: no cover - a jax without it compiles with Triton's defaults
     _triton = None
 
-from bert_jax.models.backend import platform
-from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
+from bert_jax.models.kernels.backend import platform
+from bert_jax.models.kernels.dropout_hash import GOLDEN, drop_threshold, fmix32
 
 # A disallowed score is the lowest float32, exactly as in xla.py: exp underflows to 0 next to
 # any real score, and a row with no allowed key (all scores equal) is uniform over its keys.
@@ -121,7 +121,7 @@ def flash_attention(q, k, v, q_segment_ids, kv_segment_ids, *, biases=None,
     instead (default: as the forward's), whose float32 dK, dV accumulators ([keys, d] each,
     per program) want more warps to stay in registers than the forward's one [bq, d]. None of these change the result beyond summation order.
     interpret: None = interpret mode iff the current trace compiles for CPU
-    (attention_ops.platform()).
+    (kernels.backend.platform()).
     window: 0 = global attention; > 0 (self-attention: q_len == kv_len) = a sliding window,
     query i may attend key j only if |i - j| <= window, on top of the segment rule. Each
     query block walks only the key blocks that meet its band (and each key block of the
@@ -415,13 +415,13 @@ def _row_hashes(params_ref, b, h, q_start, bq, cfg):
     s0, s1, b_off, h_off = (params_ref[n] for n in range(4))
     base = ((u32(b) + b_off) * np.uint32(cfg.total_heads) + u32(h) + h_off) * np.uint32(cfg.q_len)
     rows = base + u32(q_start + lax.iota(jnp.int32, bq))
-    return _fmix32(rows ^ s0) ^ s1
+    return fmix32(rows ^ s0) ^ s1
 
 
 def _keep(row_hash, k_start, bk, cfg):
     """<bool>[bq, bk]: True where dropout keeps the element (dropout.keep_mask's hash)."""
-    cols = (k_start + lax.iota(jnp.int32, bk)).astype(jnp.uint32) * np.uint32(_GOLDEN)
-    return _fmix32(row_hash[:, None] + cols[None, :]) >= np.uint32(cfg.threshold)
+    cols = (k_start + lax.iota(jnp.int32, bk)).astype(jnp.uint32) * np.uint32(GOLDEN)
+    return fmix32(row_hash[:, None] + cols[None, :]) >= np.uint32(cfg.threshold)
 
 
 def _probs(s, lse, q_start, cfg):
@@ -795,7 +795,7 @@ def _unpad(o, cfg):
 def _flash_fwd(q, k, v, biases, q_seg, kv_seg, params, cfg):
     # The backward pass needs the output and the float32 log-sum-exp. Named, so that a remat
     # policy that keeps "context" (the output, which the attention layer then uses
-    # unnamed: see attention_ops.names_context) and "attention_lse" keeps them, instead of
+    # unnamed: see kernels.attention.names_context) and "attention_lse" keeps them, instead of
     # running this kernel again in the backward pass. With biases it keeps q, k, v as given,
     # before their biases: the kernels add them again on every load.
     o, lse = _forward(q, k, v, biases, q_seg, kv_seg, params, cfg)
