@@ -4,13 +4,12 @@ A model module asks one function which path a call takes, then calls that path; 
 expression is the reference each kernel is tested against (on CPU, in Pallas' interpret
 mode) and the path wherever a kernel cannot run.
 
-    config key            module                        asks              kernel(s)
-    model.attention       attention/ (the dispatch)      resolve()         xla.py, cudnn.py,
-      model.pallas_*        (block sizes, warps, stages)                     pallas_flash.py,
-                                                                             splash_tpu.py
-    model.gelu_backward   gelu.py                        path()            bias_gelu,
-                                                                           gelu_matmul
-    model.residual_norm   residual_norm.py               path(), fits()    residual_norm
+    config key             module              picks the path      the kernels
+    model.attention        attention/          resolve()           xla.py (the reference),
+      model.pallas_*       (the dispatch)                          cudnn.py, pallas_flash/,
+                                                                   splash_tpu.py
+    model.gelu_backward    gelu.py             path()              bias_gelu, gelu_matmul
+    model.residual_norm    residual_norm.py    path(), fits()      residual_norm
 
 Shared by all of them: backend.py (the platform a trace compiles for, and the mesh axes a
 kernel's shard_map splits its operands over: a custom kernel is opaque to XLA's sharding

@@ -1,4 +1,4 @@
-"""The Pallas flash-attention kernel (models/kernels/attention/pallas_flash.py) in interpret
+"""The Pallas flash-attention kernel (models/kernels/attention/pallas_flash/) in interpret
 mode on CPU against the XLA reference (kernels/attention/xla.py) with the hash dropout of
 models/dropout.py (`Dropout(rate, impl="hash")` through flax apply): outputs and q, k, v
 gradients, with padding, dropout, several blocks, padded lengths and head dims, packed

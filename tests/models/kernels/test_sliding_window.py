@@ -17,6 +17,7 @@ import pytest
 from bert_jax.models.dropout import Dropout
 from bert_jax.models.kernels import attention as attention_kernels
 from bert_jax.models.kernels.attention import AttentionConfigError, pallas_flash, resolve, xla
+from bert_jax.models.kernels.attention.pallas_flash import tiling
 from tests.models.helpers import assert_close, tiny_config
 
 KEY = jax.random.key(7)  # the flax "dropout" rng of the call
@@ -213,34 +214,34 @@ def test_loop_bounds_visit_only_the_blocks_of_the_band():
     # 64 tokens, window 5, 16 x 16 blocks: query block 0 (rows 0-15) needs keys 0-20 (key
     # blocks 0, 1); block 1 keys 11-36 (0-2); block 3 keys 43-63 (2, 3).
     cfg = _cfg(64, 5)
-    assert [_ints(pallas_flash.kv_block_range(i * 16, 16, 16, 4, cfg)) for i in range(4)] == [
+    assert [_ints(tiling.kv_block_range(i * 16, 16, 16, 4, cfg)) for i in range(4)] == [
         (0, 2), (0, 3), (1, 4), (2, 4)]
     # dK/dV: key block 0 is seen by rows 0-20 (query blocks 0, 1); key block 2 by rows 27-52
-    assert [_ints(pallas_flash.q_block_range(j * 16, 16, 16, 4, cfg)) for j in range(4)] == [
+    assert [_ints(tiling.q_block_range(j * 16, 16, 16, 4, cfg)) for j in range(4)] == [
         (0, 2), (0, 3), (1, 4), (2, 4)]
-    assert _ints(pallas_flash.kv_block_range(16, 16, 16, 4, _cfg(64, 0))) == (0, 4)  # global
+    assert _ints(tiling.kv_block_range(16, 16, 16, 4, _cfg(64, 0))) == (0, 4)  # global
     # 40 real rows padded to 64: the all-added block 3 (rows 48-63) takes row 39's band
     # (keys 34-39, key block 2); key block 3 (padding keys only) is seen by no real row
     # near enough, so the dK/dV loop there is empty.
     cfg = _cfg(40, 5)
-    assert _ints(pallas_flash.kv_block_range(48, 16, 16, 4, cfg)) == (2, 3)
-    lo, hi = _ints(pallas_flash.q_block_range(48, 16, 16, 4, cfg))
+    assert _ints(tiling.kv_block_range(48, 16, 16, 4, cfg)) == (2, 3)
+    lo, hi = _ints(tiling.q_block_range(48, 16, 16, 4, cfg))
     assert hi == lo
     # ModernBERT's shapes: 8192 tokens, window 64 (128 wide), 128 x 64 blocks: each query
     # block walks 4 key blocks of 128, each key block 3 query blocks of 64 (global: 128).
     cfg = _cfg(8192, 64)
-    fwd = [np.subtract(*_ints(pallas_flash.kv_block_range(i * 128, 128, 64, 128, cfg)))
+    fwd = [np.subtract(*_ints(tiling.kv_block_range(i * 128, 128, 64, 128, cfg)))
            for i in range(64)]
     assert max(-f for f in fwd) == 4 and sum(-f for f in fwd) < 4 * 64
-    bwd = [np.subtract(*_ints(pallas_flash.q_block_range(j * 64, 64, 64, 128, cfg)))
+    bwd = [np.subtract(*_ints(tiling.q_block_range(j * 64, 64, 64, 128, cfg)))
            for j in range(128)]
     assert max(-b for b in bwd) == 3
     # visited_blocks (benchmarks' FLOPs estimate) adds them up: 254 of the forward's 8192
     # block pairs (band 129 wide over 128-row blocks), 382 of the backward's 16384
-    assert pallas_flash.visited_blocks(8192, 64) == {
+    assert tiling.visited_blocks(8192, 64) == {
         "fwd": (128, 64, 254, 8192), "dq": (64, 64, 382, 16384), "dkdv": (64, 64, 382, 16384)}
-    assert pallas_flash.visited_blocks(8192, 0)["fwd"] == (128, 64, 8192, 8192)
-    assert pallas_flash.visited_blocks(64, 63)["dkdv"][2:] == (1, 1)  # as wide as the row
+    assert tiling.visited_blocks(8192, 0)["fwd"] == (128, 64, 8192, 8192)
+    assert tiling.visited_blocks(64, 63)["dkdv"][2:] == (1, 1)  # as wide as the row
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ Paths (one module each):
           runs draw other masks, data-parallel shards repeat each other's). `auto` takes
           it only without attention dropout: evaluation and prediction, and training
           with `model.attention_probs_dropout_prob=0`.
-  pallas  on GPU (and CPU) our flash-attention kernel (pallas_flash.py): probabilities
+  pallas  on GPU (and CPU) our flash-attention kernel (pallas_flash/): probabilities
           never leave the kernel, and the paper's attention-probability dropout is applied
           inside it with the same counter-based hash masks as the XLA path
           (`model.dropout_rng="hash"`), regenerated in the backward pass instead of stored.
