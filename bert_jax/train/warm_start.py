@@ -28,7 +28,7 @@ import numpy as np
 
 from bert_jax.convert.sources import locate
 from bert_jax.convert.sources import InitSource, flat_shapes
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.errors import UserError
 from bert_jax.models.config import ConfigError
 from bert_jax.models.params import stack_layers
