@@ -4,6 +4,11 @@ an uninterrupted run, bit for bit.
 
     python benchmarks/fault_drill.py [--kills=10] [--during_saves=3] [--every=20] \
         [--config=configs/bert_tiny.py] [--workdir=/tmp/fault_drill] [--seed=0]
+    python benchmarks/fault_drill.py --processes=2 [--faults=12] [--every=20] ...
+
+The second form runs the drill on several processes joined by jax.distributed: kill -9 of
+one during a step or a save, SIGTERM to one, a save failing on one, each survivor's exit
+time and line checked (benchmarks/pod_drill.py). The rest of this docstring is the first.
 
 Runs `launch/train.py` (synthetic data, so the drill needs no corpus) once uninterrupted
 as the reference, then the same command again and again in another workdir: `--kills`
@@ -72,6 +77,16 @@ def _args(argv=None):
     p.add_argument("--workdir", default="/tmp/fault_drill")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600, help="seconds per launch")
+    p.add_argument("--processes", type=int, default=1,
+                   help="> 1: the drill on that many processes (benchmarks/pod_drill.py)")
+    p.add_argument("--faults", type=int, default=12,
+                   help="--processes > 1: faults, the four kinds taking turns")
+    p.add_argument("--heartbeat", type=float, default=60,
+                   help="--processes > 1: config.train.heartbeat_timeout")
+    p.add_argument("--exit_limit", type=float, default=90,
+                   help="--processes > 1: seconds a survivor may take to exit after a fault")
+    p.add_argument("--hang", type=float, default=300,
+                   help="--processes > 1: seconds after a fault before a process counts as hung")
     return p.parse_args(argv)
 
 
@@ -292,4 +307,10 @@ def drill(args) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(drill(_args()))
+    _flags = _args()
+    if _flags.processes > 1:
+        sys.path.insert(0, REPO)
+        from benchmarks import pod_drill
+
+        sys.exit(pod_drill.drill(_flags))
+    sys.exit(drill(_flags))

@@ -47,6 +47,10 @@ DESCRIPTIONS = {
     "train.profile_steps": "Steps traced by jax.profiler into WORKDIR/profile (process 0); "
                            "0: none.",
     "train.profile_start": "Steps after the start (or restart) before the trace begins.",
+    "train.accept_setting_changes": "True: warm-start or resume with `hidden_act`, "
+                                    "`layer_norm_eps`, casing... other than the checkpoint's.",
+    "train.heartbeat_timeout": "Several processes: seconds of silence after which a process "
+                               "is lost and every other one stops, in one line each.",
 
     # --- schedule: bert_jax/optim.py make_schedule ---------------------------------------
     "schedule": "The learning rate: a linear warmup from 0 to `lr`, then a decay to `end_lr`.",
@@ -95,6 +99,8 @@ DESCRIPTIONS = {
     "checkpoint.keep_period": "Also keep every checkpoint whose step is a multiple of N; "
                               "0: none.",
     "checkpoint.async_save": "Write checkpoints in the background while training goes on.",
+    "checkpoint.timeout": "Seconds one save may take on every process, its wait for the "
+                          "others included; past it the save fails.",
 
     # --- sweep: bert_jax/tasks/finetune.py -----------------------------------------------
     "sweep": "Fine-tuning's restarts x learning rates; the best run on the first dev set is "

@@ -29,22 +29,29 @@ code 2 (a fault of the run's environment: 1); --verbose adds the traceback.
 Multi-host: on TPU VMs (every host runs this same command) `jax.distributed.initialize()`
 is called automatically; elsewhere pass --coordinator_address=host:port
 --num_processes=N --process_id=i (or --distributed=on where the cluster is auto-detected,
-e.g. SLURM).
+e.g. SLURM). A SIGTERM to any process saves the same step on all of them; a lost process
+(config.train.heartbeat_timeout) or a save failing on one of them ends every process in
+one line each (docs/checkpoints.md).
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
-from bert_jax import cli
+from bert_jax import cli, supervise
 
 cli.quiet_native_logs()  # before TensorFlow loads
+if __name__ == "__main__" and supervise.wanted(sys.argv):
+    # One of several processes: this command again as a child, whose end (even jax's abort
+    # when another process is lost) is one line here.
+    sys.exit(supervise.run(sys.argv))
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from bert_jax.tasks import finetune, pretraining  # noqa: E402
-from bert_jax.train import runtime  # noqa: E402
+from bert_jax.train import coordination, runtime  # noqa: E402
 from bert_jax.train.config import check_config_flag, config_path  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -65,6 +72,9 @@ flags.DEFINE_integer("process_id", None, "This process's index (multi-process)."
 flags.DEFINE_integer("debug_kill_after_step", None,
                      "Testing hook: SIGKILL this process as soon as the checkpoint of this "
                      "step is on disk (simulates a crash).")
+flags.DEFINE_integer("debug_fail_save_at_step", None,
+                     "Testing hook: this process's part of the checkpoint of this step fails "
+                     "(no space left on device), as a full disk fails it.")
 flags.mark_flag_as_required("config")
 
 
@@ -104,7 +114,9 @@ def main(argv):
     if FLAGS.workdir is None:
         raise app.UsageError("--workdir is required (only --print_config runs without it)")
     runtime.initialize(FLAGS.distributed, FLAGS.coordinator_address, FLAGS.num_processes,
-                       FLAGS.process_id)
+                       FLAGS.process_id,
+                       heartbeat_timeout=FLAGS.config.train.get("heartbeat_timeout", 60),
+                       workdir=FLAGS.workdir, verbose=FLAGS.verbose)
 
     def kill_after(step):
         if step == FLAGS.debug_kill_after_step:
@@ -113,13 +125,18 @@ def main(argv):
             os.kill(os.getpid(), signal.SIGKILL)
 
     after_save = kill_after if FLAGS.debug_kill_after_step is not None else None
-    if FLAGS.config.get("task", None) is not None:
-        # Fine-tuning configs (configs/glue.py, squad.py, ner.py, swag.py: a `task` section):
-        # the sweep of restarts x learning rates over the same loop. An unknown task.kind is
-        # an error there, never a pre-training run.
-        finetune.run(FLAGS.config, FLAGS.workdir)
-        return
-    pretraining.run(FLAGS.config, FLAGS.workdir, after_save=after_save)
+    try:
+        if FLAGS.config.get("task", None) is not None:
+            # Fine-tuning configs (configs/glue.py, squad.py, ner.py, swag.py: a `task`
+            # section): the sweep of restarts x learning rates over the same loop. An
+            # unknown task.kind is an error there, never a pre-training run.
+            finetune.run(FLAGS.config, FLAGS.workdir)
+            return
+        pretraining.run(FLAGS.config, FLAGS.workdir, after_save=after_save,
+                        fail_save_at=FLAGS.debug_fail_save_at_step)
+    except Exception as e:  # noqa: BLE001
+        coordination.explain(e)  # a lost process: its one line ends this one here (exit 1)
+        raise
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ class InitSource:
     files). params: the numpy tree (model_dir, hf; layers unscanned), read on first use;
     step: the workdir checkpoint's step; saved_shapes: a workdir's parameter shapes as
     saved (its own layer layout); task: what its heads were trained for
-    (model_dir.task_record), if known."""
+    (model_dir.task_record), if known; do_lower_case: its tokenizer's casing, if recorded
+    (a task record's, a saved run's config)."""
 
     path: str
     kind: str
@@ -50,6 +51,11 @@ class InitSource:
     step: Optional[int] = None
     saved_shapes: Optional[dict[str, tuple]] = None
     task: Optional[dict] = None
+    do_lower_case: Optional[bool] = None
+
+    def __post_init__(self):
+        if self.do_lower_case is None and (self.task or {}).get("do_lower_case") is not None:
+            self.do_lower_case = bool(self.task["do_lower_case"])
 
     @functools.cached_property
     def params(self) -> Optional[dict]:
@@ -95,11 +101,23 @@ def open_source(path: str, what: str = "train.init_checkpoint") -> InitSource:
         config = from_config_dict(run.config["model"]).replace(fp8=False)
         return InitSource(path, "workdir", config,
                           run.vocab_file, read=run.read_params, step=run.step,
-                          saved_shapes=shapes, task=run_task(run))
+                          saved_shapes=shapes, task=run_task(run),
+                          do_lower_case=run_casing(run.config))
     raise FileNotFoundError(
         f"{what}: {path} is neither a model directory (bert_config.json + params/), a "
         "Hugging Face directory (config.json + weights), nor a training run (WORKDIR, "
         "WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
+
+
+def run_casing(config: dict) -> Optional[bool]:
+    """The casing a saved run tokenized its text with: fine-tuning's tokenizer section, or
+    pre-training's data section when it names a vocabulary; None when neither says."""
+    tokenizer, data = config.get("tokenizer") or {}, config.get("data") or {}
+    if tokenizer.get("do_lower_case") is not None:
+        return bool(tokenizer["do_lower_case"])
+    if data.get("vocab_file") and data.get("do_lower_case") is not None:
+        return bool(data["do_lower_case"])
+    return None
 
 
 def run_task(run: "SavedRun") -> Optional[dict]:

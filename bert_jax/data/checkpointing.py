@@ -9,9 +9,11 @@ Save it with the rest of the train state:
     mngr.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state), data=InputStateRestore(train_iter)))
 
-Every process writes `<step>/data/process_<i>-of-<n>.npz` with its own iterator's state.
-`InputStateSave` snapshots the state when it is constructed, i.e. right after the last
-batch the step consumed, so an asynchronous save never records a later position.
+Every process writes `<step>/data/process_<i>-of-<n>.npz` with its own iterator's state,
+in the save's background commit as orbax's array writes are: a write that fails (a full
+disk) fails the save there, on that process alone, like theirs. `InputStateSave`
+snapshots the state when it is constructed, i.e. right after the last batch the step
+consumed, so an asynchronous save never records a later position.
 Restoring with the same process count is exact; with another count (or a state the
 pipeline refuses) the iterator is moved to a deterministic position with a warning, never
 an error (`bert_jax.data.state.restore_input`). Never imports TensorFlow.
@@ -28,11 +30,25 @@ from etils import epath
 from bert_jax.data.state import restore_input, save_state, state_file
 
 
-class InputStateHandler(ocp.CheckpointHandler):
+class InputStateHandler(ocp.AsyncCheckpointHandler):
     """orbax handler: each process writes / reads its own `process_<i>-of-<n>.npz`."""
+
+    async def async_save(self, directory: epath.Path, *args, **kwargs):
+        save_args = kwargs.get("args", args[0] if args else None)
+        path, state, fault = state_file(directory), save_args.state, save_args.fault
+
+        async def write():
+            if fault is not None:
+                raise fault
+            save_state(path, state)
+
+        return [ocp.future.CommitFutureAwaitingContractedSignals(write(),
+                                                                 name="input_state_save")]
 
     def save(self, directory: epath.Path, *args, **kwargs):
         save_args = kwargs.get("args", args[0] if args else None)
+        if save_args.fault is not None:
+            raise save_args.fault
         save_state(state_file(directory), save_args.state)
 
     def restore(self, directory: epath.Path, *args, **kwargs):
@@ -49,9 +65,11 @@ class InputStateHandler(ocp.CheckpointHandler):
 @ocp.args.register_with_handler(InputStateHandler, for_save=True)
 @dataclasses.dataclass
 class InputStateSave(ocp.args.CheckpointArgs):
-    """Saves `iterator.get_state()`, snapshotted now (at construction)."""
+    """Saves `iterator.get_state()`, snapshotted now (at construction). `fault`: an error
+    the write raises instead (fault drills: a save that fails on one process)."""
     iterator: Any = None
     state: dict | None = None
+    fault: BaseException | None = None
 
     def __post_init__(self):
         if self.state is None:

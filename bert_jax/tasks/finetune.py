@@ -35,7 +35,7 @@ from bert_jax.tasks import predict as predict_lib
 from bert_jax.tasks.inputs import num_rows
 from bert_jax.tasks.registry import task_from_config
 from bert_jax.tokenization import load_tokenizer
-from bert_jax.train import loop
+from bert_jax.train import loop, settings
 
 
 def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
@@ -63,6 +63,11 @@ def _check_model_config(config, source: Optional[InitSource], used) -> None:
     pre-training workdir, restored as saved, cannot honour)."""
     where = (f"train.init_checkpoint={config.train.init_checkpoint}" if source is not None
              else "config.model")
+    if source is not None:  # the casing its vocabulary was trained with (settings.py)
+        settings.check({settings.CASING: source.do_lower_case},
+                       {settings.CASING: bool(config.tokenizer.do_lower_case)}, where,
+                       bool(config.train.get("accept_setting_changes", False)),
+                       keys={settings.CASING: "tokenizer.do_lower_case"})
     if (source is not None and source.kind == "workdir"
             and used.scan_layers != source.config.scan_layers):
         raise ConfigError(

@@ -33,7 +33,9 @@ A checkpoint of another model shape is a CheckpointMismatchError, before any ten
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from typing import Any, Optional
 
 import flax
@@ -47,6 +49,7 @@ from bert_jax.data.checkpointing import InputStateRestore, InputStateSave
 from bert_jax.errors import ReportedError
 from bert_jax.models.params import layer_layout
 from bert_jax.train import checkpoint_faults as faults
+from bert_jax.train import coordination
 from bert_jax.train.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -62,8 +65,12 @@ class Checkpointer:
     otherwise temporary folders left by a killed save are removed when it opens."""
 
     def __init__(self, workdir: str, *, every: int, keep: int = 3, keep_period: int = 0,
-                 async_save: bool = True, read_only: bool = False):
+                 async_save: bool = True, read_only: bool = False, timeout: int = 300,
+                 fail_at_step: Optional[int] = None):
         self.directory = paths.join(workdir, "checkpoints")  # gs://... stays a URI
+        # A fault drill's hook: the save of this step fails on this process (no space).
+        self.fail_at_step = fail_at_step
+        multi = jax.process_count() > 1
         options = ocp.CheckpointManagerOptions(
             save_interval_steps=max(int(every), 1),
             max_to_keep=int(keep) if keep and keep > 0 else None,
@@ -72,6 +79,9 @@ class Checkpointer:
             create=not read_only,
             read_only=bool(read_only),
             cleanup_tmp_directories=not read_only,
+            async_options=ocp.AsyncOptions(
+                timeout_secs=int(timeout),
+                barrier_sync_fn=coordination.save_barrier if multi else None),
         )
         faults.quiet_orbax_errors()  # a fault is reported in one line, not 200 tracebacks
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
@@ -104,7 +114,7 @@ class Checkpointer:
                 step,
                 args=ocp.args.Composite(
                     state=ocp.args.StandardSave(tree),
-                    data=InputStateSave(iterator=data_iterator),
+                    data=InputStateSave(iterator=data_iterator, fault=self._fault(step)),
                     config=ocp.args.JsonSave(config)),
                 force=force)
         except Exception as e:  # noqa: BLE001  (any failure of the writers is this step's)
@@ -112,6 +122,11 @@ class Checkpointer:
         if started:
             self._pending = step
         return started
+
+    def _fault(self, step: int) -> Optional[OSError]:
+        if step != self.fail_at_step:
+            return None
+        return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (injected at step {step})")
 
     def check(self) -> None:
         """Raises CheckpointSaveError if the save in flight has finished and failed. Does not
@@ -131,9 +146,21 @@ class Checkpointer:
             raise self._save_failed(step, e) from None
 
     def _save_failed(self, step: int, error: BaseException) -> faults.CheckpointSaveError:
+        elsewhere = faults.cause(error, coordination.SaveFailedElsewhere)
+        if elsewhere is None:
+            coordination.save_failed(step)  # first: the others stop waiting for this one
         self.manager.reload()  # orbax dropped steps it meant to delete from its list: re-read
         good = [s for s in self.manager.all_steps() if s != step]
-        return faults.save_failed(self.directory, step, error, max(good) if good else None)
+        last_good = max(good) if good else None
+        if elsewhere is not None:  # the failing process names the cause and cleans up
+            faults.release(error)
+            good = (f"last good checkpoint: {last_good}; fix the cause and run the same "
+                    f"command again to resume from it" if last_good is not None else
+                    "no earlier checkpoint; fix the cause and run the same command again")
+            return faults.CheckpointSaveError(
+                f"checkpoint at step {step} failed on process {elsewhere.process} (its log "
+                f"names the cause); {good}", process=elsewhere.process)
+        return faults.save_failed(self.directory, step, error, last_good)
 
     def restore(self, abstract_state: TrainState, data_iterator: Any = None,
                 step: Optional[int] = None, rng_sharding=None):
@@ -245,13 +272,14 @@ class Checkpointer:
         self._settle()
         self.manager.wait_until_finished()
 
-    def close(self) -> None:
+    def close(self, quiet: bool = False) -> None:
         """Waits for the save in flight and closes the manager. Never raises: a failure not
-        reported yet (the run is already stopping on another error) is logged."""
+        reported yet (the run is already stopping on another error) is logged; `quiet`: the
+        run stops on a failed save already, whose report this one would repeat (INFO)."""
         try:
             self._settle()
         except faults.CheckpointSaveError as e:
-            log.error("%s", e)
+            log.log(logging.INFO if quiet else logging.ERROR, "%s", e)
         finally:
             self.manager.close()
 

@@ -14,7 +14,8 @@ finalized at exit, when their cleanup can no longer import anything ("sys.meta_p
 None"), or report an exception nobody read (asyncio's logger). `quiet_orbax_errors()`
 (installed by the first Checkpointer) drops exactly these records and prints, and `release`
 collects the stranded tasks while the interpreter is alive. With absl's verbosity at INFO or
-below (--verbosity=0) orbax's own error logs are kept.
+below (--verbosity=0) orbax's own error logs are kept. It also drops orbax's warning that a
+preemption sync point was reached: the loop's own line says it.
 """
 
 from __future__ import annotations
@@ -40,7 +41,15 @@ DAMAGED_SUFFIX = ".damaged"
 
 class CheckpointSaveError(FaultError, OSError):
     """A checkpoint could not be written (disk full, permissions, a lost bucket); the run
-    stopped at the step it noticed, and the previous checkpoints are kept."""
+    stopped at the step it noticed, and the previous checkpoints are kept. `process`: the
+    process whose part of the save failed (several processes), if known."""
+
+    def __init__(self, message: str, process: Optional[int] = None):
+        super().__init__(message)
+        self.process = process
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class DamagedCheckpointError(FaultError, OSError):
@@ -77,6 +86,17 @@ def describe(error: BaseException) -> str:
     return f"{type(root).__name__}: {first}" if first else type(root).__name__
 
 
+def cause(error: BaseException, kind: type) -> Optional[BaseException]:
+    """The first error of type `kind` in `error`'s chain (itself included), or None."""
+    seen, e = set(), error
+    while e is not None and id(e) not in seen:
+        if isinstance(e, kind):
+            return e
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def release(error: BaseException) -> None:
     """Drops the frames held by `error` and its chain, then collects them now (see the
     module docstring); the error keeps its type and message."""
@@ -102,6 +122,13 @@ def _orbax_error_with_traceback(record: logging.LogRecord) -> bool:
     return (record.levelno >= logging.ERROR and bool(record.exc_info)
             and f"{os.sep}orbax{os.sep}" in record.pathname
             and logging.getLogger("absl").getEffectiveLevel() > logging.INFO)
+
+
+def _orbax_preemption_note(record: logging.LogRecord) -> bool:
+    # orbax's warning that jax's preemption sync picked this step (its save checks it too):
+    # the loop's own line says so, once per process.
+    return (f"{os.sep}orbax{os.sep}" in record.pathname
+            and "Reached preemption sync point" in record.getMessage())
 
 
 def _orbax_async_garbage(record: logging.LogRecord) -> bool:
@@ -139,7 +166,8 @@ def quiet_orbax_errors() -> None:
     if getattr(quiet_orbax_errors, "installed", False):
         return
     quiet_orbax_errors.installed = True
-    logging.getLogger("absl").addFilter(lambda r: not _orbax_error_with_traceback(r))
+    logging.getLogger("absl").addFilter(lambda r: not _orbax_error_with_traceback(r)
+                                        and not _orbax_preemption_note(r))
     logging.getLogger("asyncio").addFilter(lambda r: not _orbax_async_garbage(r))
     previous = sys.unraisablehook
 

@@ -3,15 +3,15 @@ the paper's defaults, the keys that moved, and loading a config from Python.
 
     config.train       batch_size, eval_batch_size, steps or epochs, seed, accum_steps,
                        log_every, eval_every, eval_steps, init_checkpoint, init_state,
-                       init_extend_positions, init_extend_vocab, random_init, do_train,
-                       skip_nonfinite, deterministic, tensorboard, profile_steps,
-                       profile_start
+                       init_extend_positions, init_extend_vocab, accept_setting_changes,
+                       random_init, do_train, skip_nonfinite, deterministic, tensorboard,
+                       profile_steps, profile_start, heartbeat_timeout
     config.schedule    lr, warmup_steps (< 0: warmup_ratio of the steps), warmup_ratio, decay,
                        power, end_lr, total_steps (-1: the run's steps), decay_from
     config.optimizer   name (adamw | lamb), b1, b2, eps, weight_decay, clip_norm, layer_decay,
                        bias_correction
     config.mesh        data, fsdp, tensor (one may be -1: the rest of the devices), rules
-    config.checkpoint  every (0: at the end only), keep, keep_period, async_save
+    config.checkpoint  every (0: at the end only), keep, keep_period, async_save, timeout
     config.sweep       fine-tuning: lrs, restarts, save_best_model, delete_finished
 
 Pre-training configs add `model` and `data`; fine-tuning configs `task`, `tokenizer`,
@@ -83,6 +83,11 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         # mean of its pieces' rows under the old vocabulary). bert_jax/train/warm_start.py.
         init_extend_positions="",
         init_extend_vocab="",
+        # A warm start or resume whose model settings that shape no tensor (hidden_act,
+        # layer_norm_eps, pre_ln, rotary bases, local attention, the tokenizer's casing)
+        # differ from the checkpoint's stops before the first step, naming each; True
+        # trains with the config's (bert_jax/train/settings.py).
+        accept_setting_changes=False,
         random_init=False,       # fine-tuning control run: the architecture, fresh weights
         do_train=True,           # fine-tuning: False evaluates / predicts init_checkpoint
         skip_nonfinite=False,    # False: stop naming the step; True: skip that update
@@ -93,6 +98,9 @@ def train_config(**overrides) -> ml_collections.ConfigDict:
         # profile tab or xprof.
         profile_steps=0,
         profile_start=5,
+        # Several processes: one silent this long (seconds; its process or host died) stops
+        # every other one, each in one line (bert_jax/train/coordination.py).
+        heartbeat_timeout=60,
     ))
     c.update(overrides)
     return c
@@ -122,7 +130,8 @@ def mesh_config(**overrides) -> ml_collections.ConfigDict:
 def checkpoint_config(**overrides) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict(dict(
         every=1000,      # > 0: every N steps and at the end; 0: at the end only (as eval_every)
-        keep=3, keep_period=0, async_save=True))
+        keep=3, keep_period=0, async_save=True,
+        timeout=300))    # seconds a save may take, its wait for every process included
     c.update(overrides)
     return c
 

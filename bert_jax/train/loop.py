@@ -6,10 +6,13 @@ mesh, sharded state, resume / warm start, steps, logging, evaluation, checkpoint
 The same call again resumes from the latest checkpoint in WORKDIR/checkpoints (params,
 optimizer state, step, RNG and the input's position: the resumed steps log the losses of an
 uninterrupted run; with another process count all but the data position is exact, with a
-warning). SIGTERM finishes the step, saves and returns (`outcome.preempted`). A save that
-fails in the background stops the run at the next step in one line; a latest checkpoint
-that cannot be read is skipped, set aside and named (bert_jax.train.checkpoint). Input that
-fails on one of several processes stops all of them at the same step (bert_jax.train.gate).
+warning). SIGTERM finishes the step, saves and returns (`outcome.preempted`); with several
+processes, a SIGTERM to any one of them makes every process save the same step
+(bert_jax.train.runtime.Preemption). A save that fails in the background stops the run at
+the next step in one line; a latest checkpoint that cannot be read is skipped, set aside
+and named (bert_jax.train.checkpoint). Input or a save that fails on one of several
+processes stops all of them at the same step (bert_jax.train.gate); a lost process ends the
+others in one line each (bert_jax.train.coordination).
 """
 
 from __future__ import annotations
@@ -33,12 +36,15 @@ from bert_jax.models.config import ConfigError
 from bert_jax.convert.sources import saved_steps
 from bert_jax.train import checkpoint as ckpt_lib
 from bert_jax.train import console
+from bert_jax.train import coordination
 from bert_jax.train import metrics as metrics_lib
+from bert_jax.train import settings
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
 from bert_jax.train.config import check_sections, checkpoint_every, run_steps, total_steps
-from bert_jax.train.gate import InputGate, VoidSteps, void_error
+from bert_jax.train.checkpoint_faults import CheckpointSaveError
+from bert_jax.train.gate import SAVE, InputGate, VoidSteps, void_error
 from bert_jax.train.profile import Profiler
 from bert_jax.train.runtime import Preemption
 
@@ -109,6 +115,11 @@ def precheck(config):
     optim.check_optimizer(config.optimizer)
     optim.warmup_steps(config.schedule, 1)  # a warmup_ratio out of [0, 1]
     checkpoint_every(config)
+    for key in ("checkpoint.timeout", "train.heartbeat_timeout"):
+        section, name = key.split(".")
+        value = config[section].get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"config.{key}={value!r}: expected a number of seconds > 0")
     warm_start.Resize.from_config(config.train)  # an unknown rule
     if config.train.init_state not in ("params", "full"):
         raise ConfigError(f"config.train.init_state={config.train.init_state!r}; expected "
@@ -181,18 +192,22 @@ def fresh_state(config, task, programs: Programs, mesh, rules, rng=None):
 
 def train(config, workdir: str, task, *, programs: Optional[Programs] = None,
           progress: bool = True, after_save: Optional[Callable[[int], None]] = None,
-          after_step: Optional[Callable[[int], None]] = None) -> Outcome:
+          after_step: Optional[Callable[[int], None]] = None,
+          fail_save_at: Optional[int] = None) -> Outcome:
     """Runs (or resumes) `task`'s training under `config` in `workdir`. `programs`: those of
     a previous run of the same config and shapes. `after_save(step)` runs once a checkpoint
-    is on disk, `after_step(step)` after each step (tests kill or preempt there)."""
-    run = _Run(config, workdir, task, programs, progress, after_save, after_step)
+    is on disk, `after_step(step)` after each step (tests kill or preempt there);
+    `fail_save_at`: the save of that step fails on this process (fault drills)."""
+    run = _Run(config, workdir, task, programs, progress, after_save, after_step,
+               fail_save_at)
     return run.go()
 
 
 class _Run:
     """One call of train(): the pieces the steps share."""
 
-    def __init__(self, config, workdir, task, programs, progress, after_save, after_step):
+    def __init__(self, config, workdir, task, programs, progress, after_save, after_step,
+                 fail_save_at=None):
         self.config, self.task, self.progress = config, task, progress
         self.after_save, self.after_step = after_save, after_step
         self.is_main = jax.process_index() == 0
@@ -217,6 +232,9 @@ class _Run:
             raise ConfigError(f"config.train.init_extend_positions / init_extend_vocab apply "
                               f"to pre-training warm starts, not to {task.title}; extend the "
                               f"model by a pre-training run first")
+        if self.resumable:  # the run's own settings, as its checkpoints were trained with
+            self.setting_changes = settings.check_resume(
+                config_to_dict(config), getattr(task, "settings", None), self.workdir)
         if task.init_source is not None and not self.resumable:
             # Shapes only, from the source's metadata: before any data is read or compiled.
             warm_start.check_shapes(task.init_source,
@@ -235,7 +253,8 @@ class _Run:
         c = config.checkpoint
         self.checkpointer = ckpt_lib.Checkpointer(
             self.workdir, every=self.ckpt_every, keep=c.keep,
-            keep_period=c.get("keep_period", 0), async_save=c.async_save)
+            keep_period=c.get("keep_period", 0), async_save=c.async_save,
+            timeout=int(c.get("timeout", 300)), fail_at_step=fail_save_at)
         self.config_dict = config_to_dict(config)
         self.unchecked: list[tuple[int, dict]] = []   # (step, device metrics) not flag-read
         self.nonfinite_skipped = 0
@@ -262,7 +281,8 @@ class _Run:
             for bad, reason, moved in self.checkpointer.skipped:
                 self.info(f"checkpoint at step {bad} skipped: {reason}; kept as {moved}")
             self.info(f"resumed from {self.checkpointer.directory}/"
-                      f"{int(jax.device_get(state.step))}")
+                      f"{int(jax.device_get(state.step))}"
+                      + _changes(getattr(self, "setting_changes", [])))
             restored = self.checkpointer.data_restore
             if restored is not None and not restored.exact:
                 # Another process count (or a refused state): logged as a warning as well.
@@ -272,7 +292,8 @@ class _Run:
             return state, rng
         state, rng = fresh_state(config, self.task, p, self.mesh, self.rules, rng)
         if self.task.init_source is not None:
-            self.info(f"warm start from {self.task.init_source.path}")
+            self.info(f"warm start from {self.task.init_source.path}"
+                      + _changes(getattr(self.task, "init_changes", [])))
         return state, rng
 
     # --- checks, saves, evaluation --------------------------------------------------------
@@ -355,10 +376,21 @@ class _Run:
         except VoidSteps as void:
             # Every process is here at the same step: the flag came out of the step itself.
             self.unchecked.clear()  # the void steps changed nothing, not even the counters
+            step = int(jax.device_get(self.state.step))
+            if void.kind == SAVE:  # nothing is saved after a failed save: the last good one
+                self.save_failed = True
+                try:  # this process's part of it: its own error if it failed here
+                    self.checkpointer.wait()
+                except CheckpointSaveError as e:
+                    self.gate.fail(e)
+                saved = saved_steps(self.workdir)
+                raise void_error(self.gate, void, step, saved[-1] if saved else None) from None
             if self.gate.error is None:
                 self.train_data.unread(void.steps)  # the resumed run reads them again
-            step = int(jax.device_get(self.state.step))
             raise self.saved_first(void_error(self.gate, void, step), step) from None
+        except Exception as e:  # noqa: BLE001  (a failed collective: is a process lost?)
+            coordination.suspect(e)
+            raise
         finally:
             self.close()
         summary = dict(self.log.summary, **eval_scalars)
@@ -373,6 +405,12 @@ class _Run:
     def steps_until_done(self, preemption) -> bool:
         """Steps from the start to train.steps; True if a SIGTERM stopped them (saved)."""
         step, eval_every = self.start, int(self.config.train.eval_every)
+        coordination.watch(self.workdir, step)
+        if preemption.noticed(step):  # a SIGTERM while the run started: stop before a step
+            if self.checkpointer.latest_step() != step:
+                self.save()
+            self.preempted(step)
+            return True
         while step < self.steps:
             try:
                 batch = self.gate.next(self.train_data, first=self.programs.compiled is None)
@@ -384,9 +422,16 @@ class _Run:
             with jax.profiler.StepTraceAnnotation("train", step_num=step + 1):
                 self.state, metrics = compiled(self.state, batch, self.rng)
             step += 1
+            coordination.watch(step=step)
             self.profiler.after(step, self.state)
-            # A save that failed in the background (a full disk) stops the run here.
-            self.checkpointer.check()
+            # A save that failed in the background (a full disk) stops the run here; with
+            # several processes, every process at the same step (the gate's void steps).
+            try:
+                self.checkpointer.check()
+            except CheckpointSaveError as e:
+                if not self.gate.multi:
+                    raise
+                self.gate.fail(e)
             self.unchecked.append((step, metrics))
             self.check_finite(lag=1)
             self.log.step(step, metrics)
@@ -395,13 +440,22 @@ class _Run:
                 self.log.restart_clock()  # eval time is not step time
             if self.after_step is not None:
                 self.after_step(step)
-            if preemption.requested or self.checkpointer.manager.reached_preemption(step):
+            if preemption.due(step):
                 self.save()
-                self.info(f"preemption: saved step {step}; exiting")
+                self.preempted(step)
                 return True
             if self.ckpt_every > 0 and step % self.ckpt_every == 0:
                 self.save()
         return False
+
+    def preempted(self, step: int) -> None:
+        """The SIGTERM's line: process 0's (one process), every process's (several)."""
+        n = jax.process_count()
+        if n == 1:
+            self.info(f"preemption: saved step {step}; exiting")
+        else:
+            console.say(f"preempted: saved step {step} on all {n} processes; rerun the same "
+                        f"command to resume")
 
     def compile(self, batch):
         if self.programs.compiled is None:
@@ -413,7 +467,11 @@ class _Run:
 
     def close(self) -> None:
         for part in ("profiler", "train_data", "checkpointer", "log", "writer"):
-            if hasattr(self, part):  # the checkpointer waits, never raises (reported already)
+            if part == "checkpointer" and hasattr(self, part):
+                # Waits, never raises; after a failed save on another process this one's
+                # save of that step failed too: reported already, by the gate's error.
+                self.checkpointer.close(quiet=getattr(self, "save_failed", False))
+            elif hasattr(self, part):
                 getattr(self, part).close()
 
     def info(self, msg: str) -> None:
@@ -474,6 +532,10 @@ class _Logger:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+def _changes(changes: list[str]) -> str:
+    return f" (settings changed on purpose: {', '.join(changes)})" if changes else ""
 
 
 def _check_same_seed(saved: Optional[dict], config, directory: str) -> None:

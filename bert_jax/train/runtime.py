@@ -1,6 +1,6 @@
-"""Process-level setup before JAX touches a backend (multi-host initialisation), the
-SIGTERM (preemption) flag the training loops read between steps, and the agreement of all
-processes on an input check (`agree`)."""
+"""Process-level setup before JAX touches a backend (multi-host initialisation, with the
+watchdog of bert_jax.train.coordination), SIGTERM as a stop every process agrees on
+(`Preemption`), and the agreement of all processes on an input check (`agree`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from typing import Callable, Optional
 
 from bert_jax.errors import ReportedError, UserError
 from bert_jax.models.config import ConfigError
+from bert_jax.supervise import on_tpu_vm
+from bert_jax.train import coordination
 
 
 class InputFailedElsewhere(UserError):
@@ -48,16 +50,6 @@ def agree(check: Callable[[], object], what: str):
     return result
 
 
-def on_tpu_vm() -> bool:
-    """A Cloud TPU VM (one host of a slice or pod, or a single-host slice): TPU device
-    files or the TPU runtime's environment. jax.distributed.initialize() then finds the
-    other hosts by itself (and is harmless with a single host)."""
-    if glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*"):
-        return True
-    return any(os.environ.get(k) for k in ("TPU_WORKER_HOSTNAMES", "TPU_ACCELERATOR_TYPE",
-                                           "TPU_WORKER_ID"))
-
-
 def tpu_chips() -> int:
     """Google TPU chips on this host's PCI bus (what jax's own Cloud TPU set-up counts)."""
     count = 0
@@ -91,10 +83,18 @@ def skip_absent_tpu() -> bool:
 
 
 def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
-               num_processes: Optional[int] = None, process_id: Optional[int] = None) -> bool:
+               num_processes: Optional[int] = None, process_id: Optional[int] = None, *,
+               heartbeat_timeout: float = 60, workdir: Optional[str] = None,
+               verbose: bool = False) -> bool:
     """Calls jax.distributed.initialize() when asked (mode "on", e.g. under SLURM, which
     jax detects), or in "auto" mode on a TPU VM or when a coordinator address is given.
     Returns whether it did.
+
+    With several processes, a process silent for `heartbeat_timeout` seconds is lost: every
+    other one prints one line naming it (and the last complete checkpoint in `workdir`) and
+    exits 1 (bert_jax.train.coordination; `verbose` adds the traceback of a failed
+    collective). jax's own heartbeat timeout is twice that: it never ends a process before
+    the watchdog's line.
 
     On CPU, processes exchange collectives through gloo (jax's default CPU collectives),
     so a multi-process CPU run works on one machine (the tests use it)."""
@@ -108,27 +108,90 @@ def initialize(mode: str = "auto", coordinator_address: Optional[str] = None,
         return False
     if coordinator_address and (num_processes is None or process_id is None):
         raise ConfigError("--coordinator_address needs --num_processes and --process_id")
-    kwargs = {}
+    if not heartbeat_timeout > 0:
+        raise ConfigError(f"config.train.heartbeat_timeout={heartbeat_timeout}: expected a "
+                          f"number of seconds > 0")
+    # jax's shutdown barrier waits at exit for a process still finishing alone (fine-tuning's
+    # best model is written by process 0): at least jax's own default.
+    kwargs = dict(heartbeat_timeout_seconds=int(2 * heartbeat_timeout + 1),
+                  shutdown_timeout_seconds=max(300, int(2 * heartbeat_timeout + 1)))
     if coordinator_address:
-        kwargs = dict(coordinator_address=coordinator_address, num_processes=num_processes,
+        kwargs.update(coordinator_address=coordinator_address, num_processes=num_processes,
                       process_id=process_id)
     jax.distributed.initialize(**kwargs)
+    coordination.start(heartbeat_timeout, workdir, verbose)
     return True
 
 
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is True on any process (every process must call it at the same point;
+    one process: `flag`)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return bool(flag)
+    from jax.experimental import multihost_utils
+
+    import numpy as np
+
+    return bool(np.max(multihost_utils.process_allgather(np.int32(bool(flag)))))
+
+
+# The coordination service's key of a preemption notice (jax's preemption sync manager
+# writes it when a process receives SIGTERM).
+NOTICE_KEY = "RECEIVED_PREEMPTION_NOTICE"
+
+
 class Preemption:
-    """Turns SIGTERM into a flag a loop reads between steps (`with Preemption() as p: ...
-    if p.requested: save and stop`). The handler is installed only on the main thread
-    (Python delivers signals there) and the previous one is put back on exit."""
+    """SIGTERM as a stop that every process makes after the same step, read between steps:
+
+        with Preemption() as p:
+            if p.noticed(start): stop before the first step
+            ... after each step: if p.due(step): save and stop
+
+    One process: a Python handler sets a flag (installed on the main thread only, where
+    Python delivers signals; the previous one is put back on exit). Several: jax's
+    preemption sync hears SIGTERM on any process (its own handler, set by
+    jax.distributed.initialize: a Python handler would replace it, so none is installed)
+    and picks the step after the furthest any process has reported; `due(step)` is True on
+    every process at that step. Every process calls it after every step, with the step
+    number (orbax's save reports steps to it too). `noticed(start)` reports the step the
+    loop starts from and agrees whether a SIGTERM came before (while the run started, when
+    no step had been reported: the step it picked is then one the loop never reaches)."""
 
     def __init__(self):
+        import jax
+
+        from jax._src import distributed
+
         self.requested = False
         self._previous = None
+        self.sync = (jax.process_count() > 1
+                     and distributed.global_state.preemption_sync_manager is not None)
 
     def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
+        if not self.sync and threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self
+
+    def due(self, step: int) -> bool:
+        if not self.sync:
+            return self.requested
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.reached_preemption_sync_point(int(step))
+
+    def noticed(self, start: int) -> bool:
+        if not self.sync:
+            return self.requested
+        self.due(start)
+        store = coordination.client()
+        try:
+            store.key_value_try_get(NOTICE_KEY)
+            seen = True
+        except Exception:  # noqa: BLE001  (NOT_FOUND: no SIGTERM yet)
+            seen = False
+        return any_process(seen)
 
     def _handle(self, signum, frame):  # noqa: ARG002
         self.requested = True

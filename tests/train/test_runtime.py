@@ -33,9 +33,10 @@ def _probe(how: str, **env) -> tuple[dict, str]:
 
 
 def test_a_host_without_a_tpu_never_tries_the_tpu_backend():
+    from bert_jax.supervise import on_tpu_vm
     from bert_jax.train import runtime
 
-    if runtime.on_tpu_vm() or runtime.tpu_chips():
+    if on_tpu_vm() or runtime.tpu_chips():
         pytest.skip("a TPU host: the TPU backend is wanted here")  # CPU hosts run this
     plain, _ = _probe("plain")
     assert "tpu" in plain["tried"]  # jax alone loads libtpu (or fails to find it)

@@ -194,3 +194,46 @@ def test_text_files_and_workdir_in_a_bucket(tmp_path, monkeypatch, own_tempdir):
         assert _files(built) == before
     assert local_eval and not (tmp_path / "gs:").exists()
     assert os.listdir(own_tempdir) == []
+
+
+def test_a_file_that_is_not_text_is_one_line_naming_it(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n\n".join(_documents(30)) + "\n", encoding="utf-8")
+    (corpus / "b.txt").write_bytes(b"a line\n\xff\xfe binary \x00\n")
+    config = text_config(f"{corpus}/*.txt")
+    with pytest.raises(DataCheckError) as e:
+        data_lib.make_train_data(config, str(tmp_path / "run"))
+    assert str(e.value).startswith(f"config.data.text_files: {corpus / 'b.txt'}: near line 1: "
+                                   f"not UTF-8 text (invalid start byte)"), e.value
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "run" / "text_data").iterdir())  # nothing half-built kept
+
+
+def test_a_full_disk_while_building_is_one_line_and_keeps_nothing(tmp_path, monkeypatch):
+    """data_prep writes the first shard, then the disk is full: one TextDataError (a fault,
+    exit 1) naming the file, and none of the build's files stay (no DONE, no shard, no
+    text): the same command builds it all again."""
+    import errno
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n\n".join(_documents(30)) + "\n", encoding="utf-8")
+    config = text_config(f"{corpus}/a.txt")
+
+    def full(options):
+        first = options.output_file.format(shard=0)
+        open(first, "wb").write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), first)
+
+    monkeypatch.setattr(data_lib.cpd, "create", full)
+    with pytest.raises(data_lib.TextDataError) as e:
+        data_lib.make_train_data(config, str(tmp_path / "run"))
+    built = tmp_path / "run" / "text_data"
+    out = str(e.value).split(" into ")[1].split(" failed")[0]
+    assert str(e.value) == (
+        f"building TFRecords from data.text_files {corpus / 'a.txt'} into {out} failed: "
+        f"{out}/train-000.tfrecord: no space left on device; nothing of it was kept; free the "
+        f"space (or fix the cause) and run the same command again"), e.value
+    assert e.value.exit_code == 1 and os.path.dirname(out) == str(built)
+    assert list(built.iterdir()) == []

@@ -20,7 +20,7 @@ from bert_jax.models.bert import BertForPreTraining
 from bert_jax.models.config import ConfigError, from_config_dict
 from bert_jax.tasks.pretraining import data as data_lib
 from bert_jax.tasks.pretraining.loss import pretraining_loss
-from bert_jax.train import loop
+from bert_jax.train import loop, settings
 from bert_jax.train.state import dummy_inputs
 from bert_jax.train.task import Shape
 from bert_jax.train.warm_start import Resize, check_warm_start
@@ -81,6 +81,12 @@ class PretrainingTask:
                            nsp=self.model.nsp)
         self.make_train_data = make_train_data or data_lib.make_train_data
         self.make_eval_data = make_eval_data or data_lib.make_eval_data
+        # What the weights compute under that no shape shows (bert_jax.train.settings):
+        # the model's settings and, when the run tokenizes with a vocabulary, its casing.
+        self.settings = dict(settings.model_settings(self.model_config), **{
+            settings.CASING: bool(config.data.get("do_lower_case", True))
+            if data_lib.vocab_file(config) else None})
+        self.init_changes: list[str] = []   # settings a warm start changes on purpose
         self.init_source = None
         # Shape changes a warm start may make (a longer position table, a larger vocabulary).
         self.init_resize = Resize.from_config(config.train, data_lib.vocab_file(config),
@@ -91,9 +97,13 @@ class PretrainingTask:
         if config.train.init_checkpoint and not saved_steps(workdir):
             self.init_source = open_source(config.train.init_checkpoint,
                                            "config.train.init_checkpoint")
-            check_warm_start(self.init_source, self.model_config,
-                             f"config.train.init_checkpoint={self.init_source.path}",
-                             self.init_resize)
+            what = f"config.train.init_checkpoint={self.init_source.path}"
+            check_warm_start(self.init_source, self.model_config, what, self.init_resize)
+            self.init_changes = settings.check(
+                dict(settings.model_settings(self.init_source.config),
+                     **{settings.CASING: self.init_source.do_lower_case}),
+                self.settings, what, bool(config.train.get("accept_setting_changes", False)),
+                keys={settings.CASING: "data.do_lower_case"})
 
     # --- the step side (jnp) ------------------------------------------------------------
 

@@ -9,7 +9,9 @@ corpus data_prep ships (the quick start), 1 document in 20 held out for evaluati
 evaluation compares with unpacked runs. Both are masked at the run's `data.masked_lm_prob`,
 so the held-out set's fixed masks match what training sees. They are cached in WORKDIR/sample_data/<lengths> or
 WORKDIR/text_data/<lengths>_<hash of the files, vocabulary and casing>, reused by a restart;
-a bucket workdir gets them built locally and uploaded. Fine up to a few hundred MB of text;
+a bucket workdir gets them built locally and uploaded. A build that fails (a text file that
+cannot be read, a full disk) is one line, and leaves nothing of itself behind; with several
+processes, process 0 builds and the others stop with it. Fine up to a few hundred MB of text;
 for more, run data_prep yourself and set `data.train_files`.
 """
 
@@ -24,13 +26,11 @@ import tempfile
 import jax
 from etils import epath
 
-from jax.experimental import multihost_utils
-
 from bert_jax import paths
 from bert_jax.data import checks, pretrain
 from bert_jax.data.features import DataCheckError, files_named
 from bert_jax.tokenization import vocab_info
-from bert_jax.errors import UserError
+from bert_jax.errors import FaultError, UserError
 from bert_jax.train.runtime import agree
 from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB  # package data of the installed data_prep
 from data_prep import create_pretraining_data as cpd
@@ -105,17 +105,25 @@ def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int, li
     docs: list[str] = []
     blank = []
     for path in files:
-        before = len(docs)
-        with paths.open_text(path) as f:  # local or gs://
-            current: list[str] = []
-            for line in f:
-                if line.strip():
-                    current.append(line)
-                elif current:
+        before, n = len(docs), 0
+        try:
+            with paths.open_text(path) as f:  # local or gs://
+                current: list[str] = []
+                for n, line in enumerate(f, 1):
+                    if line.strip():
+                        current.append(line)
+                    elif current:
+                        docs.append("".join(current))
+                        current = []
+                if current:
                     docs.append("".join(current))
-                    current = []
-            if current:
-                docs.append("".join(current))
+        except UnicodeDecodeError as e:
+            raise DataCheckError(f"config.data.text_files: {path}: near line {n + 1}: not "
+                                 f"UTF-8 text ({e.reason}); expected {TEXT_FORMAT}") from None
+        except OSError as e:
+            reason = os.strerror(e.errno).lower() if e.errno else str(e)
+            raise DataCheckError(f"config.data.text_files: cannot read {path}: {reason}; fix "
+                                 f"it or leave it out of data.text_files") from None
         if len(docs) == before:
             blank.append(path)
     train = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
@@ -197,56 +205,94 @@ def build_text_data(config, workdir: str) -> tuple[str, str]:
     train_glob = os.path.join(out, "train-*.tfrecord")
     eval_file = os.path.join(out, "eval.tfrecord")
     done = os.path.join(out, "DONE")
-    if jax.process_index() == 0 and not paths.is_file(done):
-        # A bucket workdir: built in a local temporary folder, then the TFRecords uploaded.
-        remote = paths.is_uri(out)
-        build_dir = tempfile.mkdtemp(prefix="bert_jax-text_data-") if remote else out
-        os.makedirs(build_dir, exist_ok=True)
-        text_train = os.path.join(build_dir, "train.txt")
-        text_eval = os.path.join(build_dir, "eval.txt")
-        n_train, n_eval, blank = _split_documents(corpus, text_train, text_eval)
-        if not n_train:
-            raise DataCheckError(f"{what}: no text (empty or blank files); expected "
-                                 f"{TEXT_FORMAT}")
-        if blank:
-            print(f"warning: {what}: {len(blank)} file(s) hold no text (empty or blank): "
-                  f"{files_named(blank)}", flush=True)
-        print(f"no data.train_files: building TFRecords from {what} ({n_train} train / "
-              f"{n_eval} held-out documents) into {out}", flush=True)
-        vocab_option = ({"spm_model_file": vocab} if vocab.endswith(".model")
-                        else {"vocab_file": vocab})
-        outputs = [("train", text_train, os.path.join(build_dir, "train-{shard:03d}.tfrecord"),
-                    SAMPLE_SHARDS)] + ([("eval", text_eval, os.path.join(
-                        build_dir, "eval.tfrecord"), 1)] if n_eval else [])
-        # In this process: data_prep's errors arrive as exceptions. Its 2 worker processes
-        # are spawned, never forked: pipeline.run forks only while none of JAX, TensorFlow
-        # or torch is loaded (their threads do not survive a fork), and this module has
-        # imported jax.
-        for name, text, output, shards in outputs:
-            options = cpd.Options(
-                input_file=text, output_file=output, num_output_shards=shards,
-                do_lower_case=lower, max_seq_length=seq, max_predictions_per_seq=pred,
-                masked_lm_prob=mlm_prob, dupe_factor=SAMPLE_DUPE_FACTOR,
-                random_seed=12345 if name == "train" else 54321, num_workers=2,
-                progress=False, **vocab_option, **(pack if name == "train" else {}))
-            try:
-                result = cpd.create(options)
-            except UserError as e:  # the input, not the tool: one line, no traceback
-                if name == "eval":  # held-out text with no token: train without evaluation
-                    print(f"warning: {what}: no evaluation data: {e}", flush=True)
-                    break
-                raise DataCheckError(f"building TFRecords from {what}: {e}") from e
-            if name == "train":  # e.g. most text is [UNK] (the held-out part says the same)
-                for warning in result.warnings:
-                    print(f"warning: {what}: {warning}", flush=True)
-        if remote:
-            try:
-                for name in sorted(os.listdir(build_dir)):
-                    if name.endswith(".tfrecord"):
-                        paths.copy_file(os.path.join(build_dir, name), os.path.join(out, name))
-            finally:
-                shutil.rmtree(build_dir, ignore_errors=True)
-        epath.Path(done).write_text("ok\n")  # last: a build cut short is redone
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("text_data")
+
+    def build() -> None:
+        if jax.process_index() != 0 or paths.is_file(done):
+            return
+        try:
+            _build(config, corpus, what, out, seq, pred, vocab, lower, pack, mlm_prob)
+        except BaseException as e:
+            # Nothing half-written stays as if complete: DONE is written last, and the rest
+            # of this build's folder (named by its settings and text) goes too.
+            _remove(out)
+            if isinstance(e, OSError):
+                raise _build_error(e, what, out) from None
+            raise
+
+    # Process 0 builds; the others wait for it here, and stop with it if it fails.
+    agree(build, "building TFRecords from raw text")
     return train_glob, (eval_file if paths.exists(eval_file) else "")
+
+
+class TextDataError(FaultError, OSError):
+    """TFRecords from raw text could not be written (a full disk, a folder not writable)."""
+
+
+def _build_error(error: OSError, what: str, out: str) -> TextDataError:
+    """One line for an OSError while writing the build (its input files name theirs)."""
+    name = getattr(error, "filename", None)
+    reason = os.strerror(error.errno).lower() if error.errno else str(error)
+    where = f"{name}: " if name else ""
+    return TextDataError(f"building TFRecords from {what} into {out} failed: {where}{reason}; "
+                         f"nothing of it was kept; free the space (or fix the cause) and run "
+                         f"the same command again")
+
+
+def _remove(out: str) -> None:
+    try:
+        paths.rmtree(out)
+    except OSError:
+        pass
+
+
+def _build(config, corpus, what, out, seq, pred, vocab, lower, pack, mlm_prob) -> None:
+    """Process 0's build of the TFRecords into `out`, its DONE file last."""
+    # A bucket workdir: built in a local temporary folder, then the TFRecords uploaded.
+    remote = paths.is_uri(out)
+    build_dir = tempfile.mkdtemp(prefix="bert_jax-text_data-") if remote else out
+    os.makedirs(build_dir, exist_ok=True)
+    text_train = os.path.join(build_dir, "train.txt")
+    text_eval = os.path.join(build_dir, "eval.txt")
+    n_train, n_eval, blank = _split_documents(corpus, text_train, text_eval)
+    if not n_train:
+        raise DataCheckError(f"{what}: no text (empty or blank files); expected "
+                             f"{TEXT_FORMAT}")
+    if blank:
+        print(f"warning: {what}: {len(blank)} file(s) hold no text (empty or blank): "
+              f"{files_named(blank)}", flush=True)
+    print(f"no data.train_files: building TFRecords from {what} ({n_train} train / "
+          f"{n_eval} held-out documents) into {out}", flush=True)
+    vocab_option = ({"spm_model_file": vocab} if vocab.endswith(".model")
+                    else {"vocab_file": vocab})
+    outputs = [("train", text_train, os.path.join(build_dir, "train-{shard:03d}.tfrecord"),
+                SAMPLE_SHARDS)] + ([("eval", text_eval, os.path.join(
+                    build_dir, "eval.tfrecord"), 1)] if n_eval else [])
+    # In this process: data_prep's errors arrive as exceptions. Its 2 worker processes
+    # are spawned, never forked: pipeline.run forks only while none of JAX, TensorFlow
+    # or torch is loaded (their threads do not survive a fork), and this module has
+    # imported jax.
+    for name, text, output, shards in outputs:
+        options = cpd.Options(
+            input_file=text, output_file=output, num_output_shards=shards,
+            do_lower_case=lower, max_seq_length=seq, max_predictions_per_seq=pred,
+            masked_lm_prob=mlm_prob, dupe_factor=SAMPLE_DUPE_FACTOR,
+            random_seed=12345 if name == "train" else 54321, num_workers=2,
+            progress=False, **vocab_option, **(pack if name == "train" else {}))
+        try:
+            result = cpd.create(options)
+        except UserError as e:  # the input, not the tool: one line, no traceback
+            if name == "eval":  # held-out text with no token: train without evaluation
+                print(f"warning: {what}: no evaluation data: {e}", flush=True)
+                break
+            raise DataCheckError(f"building TFRecords from {what}: {e}") from e
+        if name == "train":  # e.g. most text is [UNK] (the held-out part says the same)
+            for warning in result.warnings:
+                print(f"warning: {what}: {warning}", flush=True)
+    if remote:
+        try:
+            for name in sorted(os.listdir(build_dir)):
+                if name.endswith(".tfrecord"):
+                    paths.copy_file(os.path.join(build_dir, name), os.path.join(out, name))
+        finally:
+            shutil.rmtree(build_dir, ignore_errors=True)
+    epath.Path(os.path.join(out, "DONE")).write_text("ok\n")  # last: a build cut short is redone
