@@ -3,11 +3,11 @@ reference on this device. The Pallas kernel with dropout (its hash masks must be
 reference's) and without; on a GPU, cuDNN without dropout. Outputs and q / k / v gradients,
 with padding, float32 and bfloat16; each as max |diff| / max |reference| over the real
 query rows. Then the other Pallas kernels against the expressions they replace: the
-residual + LayerNorm (models/norm_ops.py, with and without dropout) and the FFN's bias +
-GELU backward pass (models/gelu_ops.py), outputs and every input's gradient. On a GPU, last,
-cuDNN with its own dropout (benchmarks/attention_masks.py): padded and packed rows, output and
-gradients against the XLA path given the mask read back, and the masks' statistics (a failed
-one is the row's error)."""
+residual + LayerNorm (models/kernels/residual_norm.py, with and without dropout) and the
+FFN's bias + GELU backward pass (models/kernels/gelu.py), outputs and every input's
+gradient. On a GPU, last, cuDNN with its own dropout (benchmarks/attention_masks.py):
+padded and packed rows, output and gradients against the XLA path given the mask read back,
+and the masks' statistics (a failed one is the row's error)."""
 
 from __future__ import annotations
 
