@@ -12,8 +12,7 @@ import statistics
 import time
 import traceback
 
-from .children import case_config
-from .common import GIB, exc_line
+from .common import GIB, case_config, exc_line
 from .gemms import gemm_census
 
 
