@@ -1,5 +1,5 @@
-"""What the suite's parent and its children share: the paths, the cases, the result line's
-prefix and the one-line error format."""
+"""What the suite's parent and its children share: the paths, the cases and each case's
+config, the result line's prefix and the one-line error format."""
 
 from __future__ import annotations
 
@@ -35,3 +35,22 @@ def one_line(text: str, limit: int = 300) -> str:
 
 def exc_line(e: BaseException) -> str:
     return one_line(f"{type(e).__name__}: {e}")
+
+
+def case_config(spec: dict):
+    """The case's config (locked as load_config leaves it), smoke-shrunk, with the
+    variant's model overrides applied."""
+    from bert_jax.train.config import load_config  # the parent imports no bert_jax
+
+    config = load_config(spec["config"])
+    if spec.get("smoke"):
+        real = config
+        config = load_config(SMOKE_CONFIG)
+        with config.unlocked():
+            for key in ("scan_layers", "scan_unroll", "remat"):
+                if key in real.model:
+                    config.model[key] = real.model[key]
+    with config.unlocked():
+        for key, value in spec.get("overrides", {}).items():
+            config.model[key] = value
+    return config

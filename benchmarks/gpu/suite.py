@@ -51,7 +51,7 @@ from .profile import profile_section
 
 # Most informative first (a case's variants run in this order, and --deadline_s skips the
 # last ones): XLA's residual + LayerNorm and GELU backward passes against the kernels that
-# replaced them, unmeasured on a GPU when they landed (models/norm_ops.py, gelu_ops.py); the GEMM backend and the launch mechanism (GEMMs are most of the step; an
+# replaced them, unmeasured on a GPU when they landed (models/kernels/residual_norm.py, gelu.py); the GEMM backend and the launch mechanism (GEMMs are most of the step; an
 # earlier build ran ~4x its static estimate for reasons never found), cuDNN against our
 # kernel on equal terms (no attention dropout: cuDNN has none), the rolled layer loop the
 # unrolled default replaced (scan_unroll=1) and unscanned layers, then the older rows and

@@ -27,7 +27,7 @@ Numerics are jax's for the expression above: h is rounded to the compute dtype b
 (on GPU, XLA's excess-precision rewrite skips that rounding in its own fusions), the bias
 gradient is the float32 sum of dh as rounded (what PyTorch's autocast accumulates). erf is
 Eigen's rational approximation for float32 (Pallas has no erf on GPU), 5e-7 from the exact
-erf as lax.erf is (tests/models/test_gelu_ops.py).
+erf as lax.erf is (tests/models/kernels/test_gelu.py).
 
 model.gelu_backward picks the path (see path()): "auto" (on GPU for a bfloat16 / float16
 exact-GELU FFN, bias_gelu without remat and gelu_matmul under it; else XLA's), "xla",
@@ -44,7 +44,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.models.backend import axes_size, platform, sharded_axes
+from bert_jax.models.kernels.backend import axes_size, platform, sharded_axes
 
 try:  # jax's Triton-specific Pallas options; optional
     from jax.experimental.pallas import triton as _triton

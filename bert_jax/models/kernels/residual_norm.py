@@ -34,7 +34,7 @@ dz = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy scale, rounded to the dt
 the dropout mask and scale in the dtype; the parameter gradients are float32 sums. Up to
 float32 summation order this is what jax's own backward pass of the expression computes,
 with one rounding fewer: jax rounds the input gradient's two terms to the dtype and adds
-them there (tests/models/test_norm_ops.py, in Pallas' interpret mode on CPU, where the
+them there (tests/models/kernels/test_residual_norm.py, in Pallas' interpret mode on CPU, where the
 kernels spell their dtype roundings out: see _round).
 
 model.residual_norm picks the path (see path()): "auto" (the kernels on GPU for a post-LN
@@ -53,8 +53,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.models.backend import axes_size, platform, sharded_axes
-from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
+from bert_jax.models.kernels.backend import axes_size, platform, sharded_axes
+from bert_jax.models.kernels.dropout_hash import GOLDEN, drop_threshold, fmix32
 
 try:  # jax's Triton-specific Pallas options; optional
     from jax.experimental.pallas import triton as _triton
@@ -101,13 +101,13 @@ def _row_hash(v_ref, first_row, n):
     """<uint32>[n]: fmix32(row ^ s0) ^ s1 (dropout._seeded_bits) for rows first_row ..."""
     rows = (_seeds_u32(v_ref, 2) + jnp.asarray(first_row).astype(jnp.uint32)
             + jax.lax.iota(jnp.int32, n).astype(jnp.uint32))
-    return _fmix32(rows ^ _seeds_u32(v_ref, 0)) ^ _seeds_u32(v_ref, 1)
+    return fmix32(rows ^ _seeds_u32(v_ref, 0)) ^ _seeds_u32(v_ref, 1)
 
 
 def _keep(row_hash, first_col, n, threshold):
     """<bool>[rows, n]: the hash mask's kept elements in columns first_col ..."""
-    cols = (first_col + jax.lax.iota(jnp.int32, n)).astype(jnp.uint32) * np.uint32(_GOLDEN)
-    return _fmix32(row_hash[:, None] + cols[None, :]) >= np.uint32(threshold)
+    cols = (first_col + jax.lax.iota(jnp.int32, n)).astype(jnp.uint32) * np.uint32(GOLDEN)
+    return fmix32(row_hash[:, None] + cols[None, :]) >= np.uint32(threshold)
 
 
 def _round(x, dtype, exact):
@@ -381,7 +381,7 @@ def residual_norm(p, bias, residual, scale, shift, seeds, *, rate: float, eps: f
     for CPU."""
     if not fits(p.shape):
         raise ValueError(f"residual_norm: activations {p.shape} do not fit the kernels "
-                         f"(check norm_ops.fits first)")
+                         f"(check kernels.residual_norm.fits first)")
     if interpret is None:
         interpret = platform() == "cpu"
     if seeds is None:
