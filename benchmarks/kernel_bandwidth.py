@@ -81,7 +81,7 @@ CASES = {
 # Tiny, yet large enough that every grid tuning is a launch of its own (rows 256, widths
 # 512 and 1024: each row, column and chunk cap of the grids binds).
 SMOKE_CASES = {"smoke": (256, 512, 1024, True)}
-KERNELS = ("gelu_bwd", "norm_bwd", "norm_fwd")  # the sweep's order: the issue's first two
+KERNELS = ("gelu_bwd", "norm_bwd", "norm_fwd")  # the sweep's order: the backward kernels first
 COPIES, RATE, EPS = 2, 0.1, 1e-12
 # Nominal HBM bandwidth, bytes/s, by a substring of jax's device_kind (first match).
 PEAK_TBPS = (("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35),
@@ -90,30 +90,41 @@ TARGET_FRACTION = 0.8
 
 # The sweep's grids: overrides of the default tuning, at most 24 a kernel. A tuning whose
 # effective blocks at a case equal another's (caps: the largest power of two dividing the
-# rows or the width) runs once. Kept to tunings that lower for the H100 and H200
-# descriptions (--audit). Register budget: the GELU step keeps ~4 float32 [chunk, cols]
-# tiles live (8 x 512 over 4 warps: 32 values a thread each); the LayerNorm backward step
-# three float32 [step, hidden] arrays; the forward the whole [rows, hidden] block.
+# rows or the width) runs once. Every one lowers for the H100 and H200 descriptions
+# (--audit). What they span is occupancy: the defaults are register-bound (each GELU
+# thread holds 32 float32 values of every tile, the LayerNorm backward three float32
+# [step, hidden] arrays), so an SM holds few warps to hide memory latency with (ptxas'
+# counts: benchmarks/RESULTS.md). Fewer values a thread (smaller tiles or more warps) buys
+# warps; the sweep measures that against fewer bytes in flight a warp.
+# GELU: (chunk, cols, warps) by values a thread (chunk x cols / 32 / warps): 32, 16, 8, 4.
 GELU_GRID = (
-    [dict(chunk=c, cols=w, num_warps=nw, num_stages=s)
-     for c, w, nw in ((8, 512, 4), (16, 512, 8), (8, 1024, 8), (16, 256, 4), (4, 1024, 4),
-                      (32, 256, 8), (16, 1024, 8), (8, 256, 2))
-     for s in (1, 2)]
-    + [dict(rows=r, num_stages=s) for r in (64, 256) for s in (1, 2)]
-    + [dict(rows=256, chunk=16, num_warps=8, num_stages=2)])
-NORM_FWD_GRID = (
-    [dict(fwd_rows=r, fwd_num_warps=nw, fwd_chunk=c)
-     for r, nw in ((8, 4), (4, 2), (4, 4), (8, 2), (8, 8), (16, 4), (16, 8), (32, 8), (2, 1),
-                   (1, 1))
-     for c in (256, 1024)]
-    + [dict(fwd_chunk=128), dict(fwd_rows=4, fwd_num_warps=4, fwd_chunk=128)])
+    [dict(num_warps=8)]  # the default's tiles over twice the threads
+    + [dict(chunk=c, cols=w, num_warps=nw)
+       for c, w, nw in ((16, 512, 8), (8, 1024, 8),
+                        (4, 512, 4), (8, 256, 4), (16, 256, 8), (4, 1024, 8),
+                        (2, 1024, 4),
+                        (4, 256, 4), (2, 512, 4), (8, 256, 8), (4, 512, 8), (2, 1024, 8),
+                        (1, 1024, 4),
+                        (2, 256, 4), (4, 256, 8), (1, 512, 4), (1, 256, 2))]
+    + [dict(chunk=c, cols=w, num_stages=2) for c, w in ((4, 512), (2, 256))]
+    + [dict(rows=r, chunk=4) for r in (64, 256)])
+# LayerNorm backward: (step, warps), from 8 to 40 warps an SM; then wider loads at hidden
+# 1024, other row blocks, and Triton's stages (no register change in the audit).
 NORM_BWD_GRID = (
-    [dict(bwd_step=st, bwd_num_warps=nw, bwd_num_stages=s)
-     for st, nw in ((8, 4), (4, 4), (8, 8), (4, 8), (16, 8), (2, 2))
-     for s in (1, 2)]
-    + [dict(bwd_step=st, bwd_num_warps=nw, bwd_chunk=1024)
-       for st, nw in ((8, 4), (4, 4), (8, 8), (4, 8))]
-    + [dict(bwd_rows=r, bwd_num_stages=s) for r in (64, 256) for s in (1, 2)])
+    [dict(bwd_step=st, bwd_num_warps=nw)
+     for st, nw in ((4, 8), (2, 8), (1, 4), (1, 8), (4, 16), (2, 16), (8, 16), (1, 2), (2, 4),
+                    (1, 16))]
+    + [dict(bwd_step=st, bwd_num_warps=nw, bwd_chunk=1024) for st, nw in ((2, 8), (1, 8), (2, 16))]
+    + [dict(bwd_step=2, bwd_num_warps=8, bwd_rows=r) for r in (64, 256)]
+    + [dict(bwd_step=st, bwd_num_warps=8, bwd_num_stages=2) for st in (2, 1)])
+# LayerNorm forward: (rows, warps), from 20 to 64 warps an SM; wider and narrower loads.
+NORM_FWD_GRID = (
+    [dict(fwd_rows=r, fwd_num_warps=nw)
+     for r, nw in ((4, 4), (8, 8), (4, 8), (16, 16), (2, 4), (1, 2), (8, 16), (2, 2), (1, 4),
+                   (16, 8), (2, 8), (1, 1))]
+    + [dict(fwd_rows=r, fwd_num_warps=nw, fwd_chunk=1024)
+       for r, nw in ((4, 8), (8, 8), (2, 4), (1, 4), (16, 16))]
+    + [dict(fwd_rows=r, fwd_num_warps=nw, fwd_chunk=128) for r, nw in ((8, 8), (1, 4))])
 GRIDS = {"gelu_bwd": GELU_GRID, "norm_fwd": NORM_FWD_GRID, "norm_bwd": NORM_BWD_GRID}
 
 
@@ -176,7 +187,9 @@ def inputs(kernel: str, rows: int, hidden: int, ffn: int, seed: int = 0):
     from bert_jax.models.kernels import residual_norm as norm
 
     k = jax.random.split(jax.random.PRNGKey(seed), 8)
-    act = lambda key, n, s=1.0: (s * jax.random.normal(key, (rows, n))).astype(jnp.bfloat16)  # noqa: E731
+    def act(key, n, s=1.0):
+        return (s * jax.random.normal(key, (rows, n))).astype(jnp.bfloat16)
+
     if kernel == "gelu_bwd":
         return (act(k[0], ffn, 2.0), 0.5 * jax.random.normal(k[1], (ffn,)), act(k[2], ffn)), None
     p, residual = act(k[0], hidden), act(k[1], hidden, 2.0)
@@ -186,7 +199,7 @@ def inputs(kernel: str, rows: int, hidden: int, ffn: int, seed: int = 0):
     v = norm.vectors(bias, scale, shift, seeds)
     if kernel == "norm_fwd":
         return (p, residual, v), None
-    y, z, mean, rstd = jax.jit(lambda *a: norm.forward(*a, rate=RATE, eps=EPS, interpret=(
+    _, z, mean, rstd = jax.jit(lambda *a: norm.forward(*a, rate=RATE, eps=EPS, interpret=(
         jax.devices()[0].platform == "cpu")))(p, residual, v)
     dys = (act(k[6], hidden), act(k[7], hidden))
     return (dys, z, mean, rstd, v), (p, bias, residual, scale, shift, seeds)
@@ -512,7 +525,9 @@ def audit(args) -> int:
     target = args.gpu_target_config or compiled_step.DEFAULT_GPU_TARGET
     dev = compiled_step.gpu_target_devices(target)[0]
     sh = SingleDeviceSharding(dev)
-    spec = lambda shape, dtype=jnp.bfloat16: jax.ShapeDtypeStruct(shape, dtype, sharding=sh)  # noqa: E731
+    def spec(shape, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sh)
+
     ptxas = args.ptxas or shutil.which("ptxas")
     print(f"== kernel_bandwidth audit: every grid tuning compiled for {os.path.basename(target)}"
           f" ({dev.device_kind}); ptxas: {ptxas or 'none'} ==", flush=True)

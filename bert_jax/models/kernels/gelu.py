@@ -65,9 +65,10 @@ class GeluTuning:
     chunk: rows per step inside a program; [chunk, cols] float32 tiles, 32 values a
       thread at the defaults (8 x 512 over 4 warps), and a [chunk, cols] accumulator.
     cols: columns per program, at most (the largest power of two dividing the width).
-    num_warps, num_stages: Triton's (stages pipeline the loads of the loop over chunks).
-    Not yet tuned on a GPU (benchmarks/RESULTS.md): 4 warps, so that each step's few
-    float32 tiles and the accumulator stay in registers."""
+    num_warps, num_stages: Triton's (stages would pipeline the loads of the loop over chunks).
+    Not yet tuned on a GPU: 4 warps, so that each step's few float32 tiles and the
+    accumulator stay in registers, which also bounds the warps an SM holds.
+    benchmarks/kernel_bandwidth.py --sweep is the instrument (benchmarks/RESULTS.md)."""
 
     rows: int = 128
     chunk: int = 8

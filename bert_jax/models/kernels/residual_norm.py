@@ -79,7 +79,8 @@ class NormTuning:
     bwd_step: rows per step inside a backward program; it keeps three float32 [bwd_step,
       hidden] arrays live (the normalised input, the scaled and the plain cotangent).
     *_num_warps, *_num_stages: Triton's, per kernel (stages pipeline the backward's loop
-      over steps; the forward has no loop). Not yet tuned on a GPU (benchmarks/RESULTS.md)."""
+      over steps; the forward has no loop). Not yet tuned on a GPU:
+      benchmarks/kernel_bandwidth.py --sweep is the instrument (benchmarks/RESULTS.md)."""
 
     fwd_rows: int = 8
     fwd_chunk: int = 256
