@@ -426,21 +426,22 @@ def measure(args) -> tuple[list, list]:
         return row
 
     for case in cases:
-        for kernel in KERNELS:
+        for kernel in args.kernels:
             run(case, kernel, "pallas", {})
             run(case, kernel, "xla", {})
-            if (case, kernel) == (next(iter(cases)), KERNELS[0]) and (case, kernel) in defaults:
+            if (case, kernel) in defaults and len(defaults) == 1:  # the first kernel run
                 emit(f"-- dispatch floor: {dispatch_floor(defaults[case, kernel][1][0], args):.1f}"
                      " us a queued call (rows near it are launch-bound)")
     if args.sweep or args.smoke:
         for case in cases:
             n, hidden, ffn, _ = cases[case]
-            for kernel in KERNELS:
+            for kernel in args.kernels:
                 seen = {defaults.get((case, kernel), (None, None, None))[2]}
                 for overrides in GRIDS[kernel]:
                     launch = effective(kernel, tuning_of(kernel, overrides), n, hidden, ffn)
-                    if launch is None or launch in seen or (case, kernel) not in defaults:
-                        continue
+                    if (launch is None or launch in seen
+                            or defaults.get((case, kernel), (None,))[0] is None):
+                        continue  # a repeat, or a kernel whose default did not run
                     seen.add(launch)
                     run(case, kernel, "pallas", overrides)
         emit("== best per case and kernel (against the default tuning and XLA) ==")
@@ -534,7 +535,7 @@ def audit(args) -> int:
     failed, total = [], 0
     for case in args.cases:
         n, hidden, ffn, with_output = CASES[case]
-        for kernel in KERNELS:
+        for kernel in args.kernels:
             if kernel == "gelu_bwd":
                 shapes = (spec((n, ffn)), spec((ffn,), jnp.float32), spec((n, ffn)))
             elif kernel == "norm_fwd":
@@ -579,9 +580,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default=",".join(CASES), help="comma-separated (%(default)s)")
+    p.add_argument("--kernels", default=",".join(KERNELS),
+                   help="comma-separated, in this order (%(default)s)")
     p.add_argument("--sweep", action="store_true", help="time the grids too")
-    p.add_argument("--budget_s", type=float, default=90.0,
-                   help="wall-clock budget of the whole run (%(default)s s): later rows skipped")
+    p.add_argument("--budget_s", type=float, default=None,
+                   help="wall-clock budget from the first row, s (90; smoke 600): later rows "
+                   "are skipped and listed")
     p.add_argument("--json", default=None, help="write the rows and the table here")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls (3; smoke 0)")
     p.add_argument("--iters", type=int, default=None, help="calls per repeat (30; smoke 1)")
@@ -598,9 +602,11 @@ def main(argv=None) -> int:
                    help="--audit: CUDA's ptxas for registers and spills (default: on PATH)")
     args = p.parse_args(argv)
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    unknown = [c for c in args.cases if c not in CASES]
-    if unknown:
-        p.error(f"unknown case(s) {unknown}; known: {list(CASES)}")
+    args.kernels = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    unknown = ([c for c in args.cases if c not in CASES]
+               + [k for k in args.kernels if k not in KERNELS])
+    if unknown or not args.kernels:
+        p.error(f"unknown case(s) or kernel(s) {unknown}; known: {list(CASES)}, {list(KERNELS)}")
     if args.smoke or args.audit:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     if args.audit:
@@ -610,8 +616,8 @@ def main(argv=None) -> int:
     args.warmup = args.warmup if args.warmup is not None else (0 if small else 3)
     args.iters = args.iters if args.iters is not None else (1 if small else 30)
     args.repeats = args.repeats if args.repeats is not None else (1 if small else 5)
-    if args.smoke and args.budget_s == 90.0:
-        args.budget_s = 600.0  # the smoke run checks the whole grid
+    if args.budget_s is None:
+        args.budget_s = 600.0 if small else 90.0  # the smoke run checks the whole grid
     rows, lines = measure(args)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
