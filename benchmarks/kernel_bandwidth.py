@@ -39,8 +39,8 @@ backward kernels (TARGET_FRACTION).
 
 Timing: jit, --warmup calls, then the median over --repeats of --iters calls, each group
 closed by jax.block_until_ready: wall clock of queued calls, so a call's dispatch counts only
-where it is longer than the kernel. The first line prints that floor (a jitted call that
-reads one element of the same operands): a row near it is launch-bound, not measured.
+where it is longer than the kernel. A line after the first kernel's rows prints that floor
+(a jitted call that reads one element of the same operands): a row near it is launch-bound.
 
 Numerics, checked for every tuning against the default tuning's outputs before it is timed
 (a tuning that fails is rejected, not timed): tunings change block shapes, so only the
@@ -83,9 +83,9 @@ CASES = {
 SMOKE_CASES = {"smoke": (256, 512, 1024, True)}
 KERNELS = ("gelu_bwd", "norm_bwd", "norm_fwd")  # the sweep's order: the backward kernels first
 COPIES, RATE, EPS = 2, 0.1, 1e-12
-# Nominal HBM bandwidth, bytes/s, by a substring of jax's device_kind (first match).
-PEAK_TBPS = (("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9), ("H100", 3.35),
-             ("GH200", 4.0), ("A100-SXM4-80GB", 2.039), ("A100", 1.555), ("L4", 0.3))
+# Nominal HBM bandwidth, TB/s, by a substring of jax's device_kind (the first that matches).
+PEAK_TBPS = (("GH200", 4.0), ("H200", 4.8), ("H100 PCIe", 2.0), ("H100 NVL", 3.9),
+             ("H100", 3.35), ("A100-SXM4-80GB", 2.039), ("A100", 1.555), ("L4", 0.3))
 TARGET_FRACTION = 0.8
 
 # The sweep's grids: overrides of the default tuning, at most 24 a kernel. A tuning whose
