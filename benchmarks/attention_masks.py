@@ -1,6 +1,7 @@
-r"""What a GPU must show about cuDNN's attention dropout (bert_jax/models/attention_ops/cudnn.py),
-whose masks come from cuDNN, not from our hash: read back, their statistics, and the output and
-gradients against the XLA path given the mask cuDNN drew.
+r"""What a GPU must show about cuDNN's attention dropout
+(bert_jax/models/kernels/attention/cudnn.py), whose masks come from cuDNN, not from our hash:
+read back, their statistics, and the output and gradients against the XLA path given the mask
+cuDNN drew.
 
     python benchmarks/attention_masks.py   # on a GPU: a line per check; exit 1 if one fails
 
@@ -93,7 +94,7 @@ def reference(qkv, cot, mask, keep, rate):
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models.attention_ops import xla as xla_attention
+    from bert_jax.models.kernels.attention import xla as xla_attention
 
     allowed = allowed_pairs(mask)[:, 0]
     scale = 1.0 / (1.0 - rate)
@@ -207,7 +208,7 @@ def run_checks(factory, b: int, n: int, h: int, rate: float = RATE, out_tol: flo
 
 def cudnn_factory(rate: float = RATE, packed_layout: str = "bias"):
     """factory(seed) -> fn(q, k, v, mask, key) of cudnn.attention (the key is ignored)."""
-    from bert_jax.models.attention_ops import cudnn
+    from bert_jax.models.kernels.attention import cudnn
 
     def factory(seed):
         return lambda q, k, v, mask, key: cudnn.attention(
@@ -223,8 +224,8 @@ def standin_factory(rate: float = RATE, broken=()):
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models.attention_ops import xla as xla_attention
     from bert_jax.models.dropout import keep_mask
+    from bert_jax.models.kernels.attention import xla as xla_attention
 
     def factory(seed):
         def fn(q, k, v, mask, key):

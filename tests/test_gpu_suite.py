@@ -457,20 +457,20 @@ def test_an_override_the_model_lacks_fails_before_anything_is_built():
 
     from bert_jax.models import BertConfig, ConfigError
 
-    children = _suite_module("children")
+    common = _suite_module("common")
     spec = {"config": "configs/bert_large.py", "smoke": True}
     with pytest.raises(ConfigError, match=r"model\.no_such_key is neither a key of "
                        r"configs/bert_large\.py's model section nor a BertConfig field"):
-        children.case_config(dict(spec, overrides={"attention": "xla", "no_such_key": 1}))
-    config = children.case_config(dict(spec, overrides={"attention": "xla", "pallas_block_q": 64}))
+        common.case_config(dict(spec, overrides={"attention": "xla", "no_such_key": 1}))
+    config = common.case_config(dict(spec, overrides={"attention": "xla", "pallas_block_q": 64}))
     assert config.model.attention == "xla" and config.model.pallas_block_q == 64
     assert config.model.hidden_size == 128 and config.model.remat == "minimal_ffn"  # smoke
     fp8 = dict(spec, overrides={"fp8": True})
     if "fp8" in {f.name for f in dataclasses.fields(BertConfig)}:  # the FP8 option is in
-        assert children.case_config(fp8).model.fp8 is True
+        assert common.case_config(fp8).model.fp8 is True
     else:
         with pytest.raises(ConfigError, match=r"model\.fp8 is neither"):
-            children.case_config(fp8)
+            common.case_config(fp8)
 
 
 def test_packed_rows_carry_the_held_out_samples_sequences():

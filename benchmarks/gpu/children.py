@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 
-from .common import REPO, RESULT_PREFIX, SCRIPT, SMOKE_CONFIG, exc_line, one_line
+from .common import REPO, RESULT_PREFIX, SCRIPT, exc_line, one_line
 
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "torch", "transformers",
              "ml_collections", "numpy")
@@ -49,36 +49,6 @@ def run_child(spec: dict) -> None:
 
 def tf_modules() -> list:
     return sorted(m for m in sys.modules if m == "tensorflow" or m.startswith("tensorflow."))[:5]
-
-
-def case_config(spec: dict):
-    """The case's config (locked as load_config leaves it), smoke-shrunk, with the
-    variant's model overrides applied. An override of a key that is neither in the config's
-    model section nor a BertConfig field raises ConfigError: unknown keys never run
-    silently as the default (model.fp8 before the checkout has the FP8 option)."""
-    import dataclasses
-
-    from bert_jax.models import BertConfig, ConfigError
-    from bert_jax.train.config import load_config
-
-    config = load_config(spec["config"])
-    fields = {f.name for f in dataclasses.fields(BertConfig)}
-    unknown = [k for k in spec.get("overrides", {}) if k not in config.model and k not in fields]
-    if unknown:
-        raise ConfigError(f"model.{unknown[0]} is neither a key of {spec['config']}'s model "
-                          f"section nor a BertConfig field in this checkout: the variant "
-                          f"cannot run here")
-    if spec.get("smoke"):
-        real = config
-        config = load_config(SMOKE_CONFIG)
-        with config.unlocked():
-            for key in ("scan_layers", "scan_unroll", "remat"):
-                if key in real.model:
-                    config.model[key] = real.model[key]
-    with config.unlocked():
-        for key, value in spec.get("overrides", {}).items():
-            config.model[key] = value
-    return config
 
 
 def child_info(spec: dict, info: dict) -> dict:

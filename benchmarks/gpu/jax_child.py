@@ -19,8 +19,7 @@ import time
 import traceback
 
 from . import packed
-from .children import case_config
-from .common import GIB, exc_line
+from .common import GIB, case_config, exc_line
 from .gemms import gemm_census
 
 
@@ -28,7 +27,7 @@ def run(spec: dict, out: dict) -> dict:
     import jax
     import numpy as np
 
-    from bert_jax.models.backend import platform_name
+    from bert_jax.models.kernels.backend import platform_name
     from bert_jax.models.config import from_config_dict
     from pretrain_step import build, step_config
 
@@ -88,7 +87,7 @@ def describe(config, mcfg, plat: str, out: dict) -> None:
 def attention_route(config, mcfg, plat: str) -> tuple:
     """The path the dispatch resolves config.model.attention to for a training step with
     dropout, and None; or "error" and why."""
-    from bert_jax.models import attention_ops
+    from bert_jax.models.kernels import attention as attention_ops
 
     impl = config.model.get("attention", "auto")
     try:

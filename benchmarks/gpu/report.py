@@ -12,7 +12,7 @@ TIMEOUT[n] / SKIP[n], its one-line error is note [n] under the table):
 
   case, variant      the case and the model overrides of the row ("default": the config's).
   attention          config.model.attention -> the path the dispatch resolves it to for a
-                     training step with dropout (bert_jax.models.attention_ops.resolve).
+                     training step with dropout (bert_jax.models.kernels.attention.resolve).
   remat              config.model.remat (what each layer keeps for the backward pass),
                      "+scan" when the layers are scanned.
   jax ms, jax seq/s  bert_jax's jitted, sharded train step (benchmarks/pretrain_step.build,

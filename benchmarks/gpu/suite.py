@@ -28,7 +28,7 @@ run.
 --variants is ';'-separated, each entry `[case[+case...]:]key=value[,key=value]` with keys
 of the config's `model` section (no case prefix = every case; '' for none; 'extra' for
 EXTRA_VARIANTS). A key that is neither in the config's model section nor a BertConfig field
-fails its row with a one-line error (children.case_config): `fp8=true` runs only where
+fails its row with a one-line error (common.case_config): `fp8=true` runs only where
 the checkout has the FP8 option. The key `xla_flags` sets that row's XLA_FLAGS instead,
 space-separated, e.g. 'base128:xla_flags=--xla_gpu_enable_triton_gemm=false'. Each row
 also says how many of its GEMMs the compile autotuned and how many take FP8 operands
@@ -68,9 +68,9 @@ PART_DEADLINE_S = 560.0  # under a 10-minute command limit, with room for the ta
 
 # Rows measured once or left for a session with time to spare (--variants=extra), most
 # informative first: XLA's residual + LayerNorm and GELU backward passes against the
-# kernels that replaced them (models/norm_ops.py, gelu_ops.py); the GEMM backend and the
-# launch mechanism; cuDNN against our kernel on equal terms (no attention dropout: cuDNN
-# has none); the rolled layer loop the unrolled default replaced (scan_unroll=1) and
+# kernels that replaced them (models/kernels/residual_norm.py, gelu.py); the GEMM backend
+# and the launch mechanism; cuDNN against our kernel on equal terms (no attention dropout:
+# cuDNN has none); the rolled layer loop the unrolled default replaced (scan_unroll=1) and
 # unscanned layers, then the older rows and one Pallas tiling.
 EXTRA_VARIANTS = ";".join([
     "base128:residual_norm=xla",

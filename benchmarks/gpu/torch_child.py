@@ -13,8 +13,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .children import case_config
-from .common import GIB
+from .common import GIB, case_config
 
 
 def run(spec: dict, out: dict) -> dict:

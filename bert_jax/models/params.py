@@ -1,9 +1,10 @@
-"""Parameter-tree utilities: counting, and converting between the unscanned
-(`encoder/layer_{i}`) and scanned (`encoder/layers`, leading [layers] axis) layouts."""
+"""Parameter-tree utilities: counting, converting between the unscanned (`encoder/layer_{i}`)
+and scanned (`encoder/layers`, leading [layers] axis) layouts, and telling which one a
+checkpoint's keys hold."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import flax
 import jax
@@ -58,3 +59,14 @@ def unstack_layers(params: dict, num_layers: int) -> dict:
             enc[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i - first], stacked)
         parent["encoder"] = enc
     return params
+
+
+def layer_layout(keys) -> Optional[bool]:
+    """Whether parameter keys (tuples or "/"-joined strings) hold the encoder's layers
+    stacked (model.scan_layers=True: `encoder/layers`) or one tree per layer (`encoder/
+    layer_<i>` only); None without an encoder."""
+    parts = [k.split("/") if isinstance(k, str) else list(k) for k in keys]
+    names = {p[i + 1] for p in parts for i in range(len(p) - 1) if p[i] == "encoder"}
+    if "layers" in names:
+        return True
+    return False if any(n.startswith("layer_") for n in names) else None

@@ -47,6 +47,7 @@ from bert_jax import paths
 from bert_jax.convert.sources import plain, reader
 from bert_jax.data.checkpointing import InputStateRestore, InputStateSave
 from bert_jax.errors import ReportedError
+from bert_jax.models.params import layer_layout
 from bert_jax.train import checkpoint_faults as faults
 from bert_jax.train import coordination
 from bert_jax.train.state import TrainState
@@ -326,17 +327,6 @@ def check_shapes(directory: str, step: int, abstract_params, *, partial: bool,
             f"{directory}/{step} holds another model than the config: params/{'/'.join(k)} "
             f"is {saved.get(k, 'missing')} there, {wanted.get(k, 'missing')} in the config "
             f"({len(differ)} parameter(s) differ); {remedy}{hint}")
-
-
-def layer_layout(keys) -> Optional[bool]:
-    """Whether parameter keys (tuples or "/"-joined strings) hold the encoder's layers
-    stacked (model.scan_layers=True: `encoder/layers`) or one tree per layer (`encoder/
-    layer_<i>` only); None without an encoder."""
-    parts = [k.split("/") if isinstance(k, str) else list(k) for k in keys]
-    names = {p[i + 1] for p in parts for i in range(len(p) - 1) if p[i] == "encoder"}
-    if "layers" in names:
-        return True
-    return False if any(n.startswith("layer_") for n in names) else None
 
 
 def to_numpy(tree):

@@ -28,10 +28,10 @@ import numpy as np
 
 from bert_jax.convert.sources import locate
 from bert_jax.convert.sources import InitSource, flat_shapes
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.errors import UserError
 from bert_jax.models.config import ConfigError
-from bert_jax.models.params import stack_layers
+from bert_jax.models.params import layer_layout, stack_layers
 from bert_jax.train import checkpoint as ckpt_lib
 
 ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -260,12 +260,12 @@ def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[st
     want = flat_shapes({k: abstract_params[k] for k in taken})
     missing = sorted(k for k in want if k not in got)
     if missing:
-        layout = ckpt_lib.layer_layout(got)
+        layout = layer_layout(got)
         hint = (f"; its layers are saved with model.scan_layers={layout} and a training "
                 f"workdir restores only into that layout: set --config.model.scan_layers="
                 f"{str(layout).lower()}, or start from a model directory (`python -m "
                 f"bert_jax.convert from-workdir` writes one; params only)"
-                if layout is not None and layout != ckpt_lib.layer_layout(want) else "")
+                if layout is not None and layout != layer_layout(want) else "")
         raise InitCheckpointError(
             f"train.init_checkpoint={source.path}: tensors missing: {missing[0]} ... "
             f"({len(missing)} in all; the checkpoint has {sorted(got)[:5]} ...){hint}")
