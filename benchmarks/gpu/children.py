@@ -29,7 +29,9 @@ VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "torch", "tra
 
 def run_child(spec: dict) -> None:
     """Runs the child of `spec["kind"]` and prints its result line (with its one-line error
-    when it raised, and the TensorFlow modules it loaded)."""
+    when it raised, and the TensorFlow modules it loaded). spec["t0"] is the child's start,
+    before it imports jax or torch: the children time their first step from it."""
+    spec["t0"] = time.perf_counter()
     from . import jax_child, kernel_check, torch_child
 
     fn = {"info": child_info, "jax": jax_child.run, "torch": torch_child.run,

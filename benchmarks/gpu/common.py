@@ -15,8 +15,12 @@ CASES = {  # name: (config file, batch, seq)
     "base128": ("configs/bert_base.py", 256, 128),
     "large128": ("configs/bert_large.py", 256, 128),
     "large512": ("configs/bert_large.py", 32, 512),
+    "packed512": ("configs/bert_large.py", 32, 512),
 }
-SMOKE_SHAPES = {"base128": (4, 32), "large128": (4, 32), "large512": (2, 64)}
+# Cases of packed rows (packed.py): name -> K, the most sequences a row holds.
+PACKED = {"packed512": 3}
+SMOKE_SHAPES = {"base128": (4, 32), "large128": (4, 32), "large512": (2, 64),
+                "packed512": (2, 512)}
 SMOKE_CONFIG = "configs/bert_tiny.py"
 GIB = 1024 ** 3
 
@@ -39,10 +43,21 @@ def exc_line(e: BaseException) -> str:
 
 def case_config(spec: dict):
     """The case's config (locked as load_config leaves it), smoke-shrunk, with the
-    variant's model overrides applied."""
-    from bert_jax.train.config import load_config  # the parent imports no bert_jax
+    variant's model overrides applied. An override of a key that is neither in the config's
+    model section nor a BertConfig field raises ConfigError: unknown keys never run
+    silently as the default (model.fp8 before the checkout has the FP8 option)."""
+    import dataclasses
+
+    from bert_jax.models import BertConfig, ConfigError  # the parent imports no bert_jax
+    from bert_jax.train.config import load_config
 
     config = load_config(spec["config"])
+    fields = {f.name for f in dataclasses.fields(BertConfig)}
+    unknown = [k for k in spec.get("overrides", {}) if k not in config.model and k not in fields]
+    if unknown:
+        raise ConfigError(f"model.{unknown[0]} is neither a key of {spec['config']}'s model "
+                          f"section nor a BertConfig field in this checkout: the variant "
+                          f"cannot run here")
     if spec.get("smoke"):
         real = config
         config = load_config(SMOKE_CONFIG)

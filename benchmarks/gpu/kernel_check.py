@@ -5,9 +5,12 @@ with padding, float32 and bfloat16; each as max |diff| / max |reference| over th
 query rows. Then the other Pallas kernels against the expressions they replace: the
 residual + LayerNorm (models/kernels/residual_norm.py, with and without dropout) and the
 FFN's bias + GELU backward pass (models/kernels/gelu.py), outputs and every input's
-gradient. On a GPU, last, cuDNN with its own dropout (benchmarks/attention_masks.py):
-padded and packed rows, output and gradients against the XLA path given the mask read back,
-and the masks' statistics (a failed one is the row's error)."""
+gradient. On a GPU, last, cuDNN with its own dropout (benchmarks/attention_masks.py), as
+`model.attention=cudnn` trains with it: padded and packed rows (both packed layouts),
+output and gradients against the XLA path given the mask read back, and the masks'
+statistics (a failed one is the row's error); --skip_mask_check leaves these out when
+attention_masks.py ran just before. On CPU (--smoke) the same rows check a stand-in kernel
+(the XLA path with the hash dropout), so that their code has run before a GPU session."""
 
 from __future__ import annotations
 
@@ -48,9 +51,12 @@ def run(spec: dict, out: dict) -> dict:
             except Exception as e:  # noqa: BLE001 - reported, the suite goes on
                 row["error"] = exc_line(e)
             checks.append(row)
-    if plat == "gpu":  # cuDNN's own dropout: its masks read back (attention_masks.py)
+    if plat == "gpu" and not spec.get("skip_masks"):  # cuDNN's own dropout, read back
         import attention_masks  # benchmarks/, on sys.path as gpu_suite.py runs this
         checks += attention_masks.kernel_check_rows(small=bool(spec.get("smoke")))
+    elif spec.get("smoke") and not spec.get("skip_masks"):  # CPU: the same rows' code
+        import attention_masks
+        checks += attention_masks.kernel_check_rows(small=True, standin=True)
     out["checks"] = checks
     out["shape"] = [b, n, h, d]
     return out

@@ -138,28 +138,9 @@ def test_compiles_for_the_h100_description():
 
 
 def _hash_standin(rate, broken=()):
-    """factory(seed) -> fn(q, k, v, mask, key): the XLA path with our hash dropout drawn
-    from (key, seed); broken: "heads" (one mask for every head) and / or "steps" (the key
-    ignored)."""
-    from bert_jax.models.dropout import keep_mask
-    from bert_jax.models.kernels.attention import xla as xla_attention
-
-    masks = _masks_module()
-
-    def factory(seed):
-        def fn(q, k, v, mask, key):
-            if "steps" in broken:
-                key = jax.random.PRNGKey(0)
-            key = jax.random.fold_in(key, seed)
-            b, n, h, _ = q.shape
-            shape = (b, 1 if "heads" in broken else h, n, n)
-            keep = keep_mask(key, shape, rate)
-
-            def drop(p):
-                return jnp.where(keep, p / (1 - rate), 0).astype(p.dtype)
-            return xla_attention.attention(q, k, v, masks.allowed_pairs(mask)[:, 0], dropout=drop)
-        return fn
-    return factory
+    """attention_masks.standin_factory: the XLA path with our hash dropout drawn from (key,
+    seed); broken: "heads" (one mask for every head) and / or "steps" (the key ignored)."""
+    return _masks_module().standin_factory(rate, broken)
 
 
 @pytest.mark.parametrize("layout", ["packed", pytest.param("padded", marks=pytest.mark.slow)])
