@@ -1,6 +1,7 @@
-r"""What a GPU must show about cuDNN's attention dropout (bert_jax/models/attention_ops/cudnn.py),
-whose masks come from cuDNN, not from our hash: read back, their statistics, and the output and
-gradients against the XLA path given the mask cuDNN drew.
+r"""What a GPU must show about cuDNN's attention dropout
+(bert_jax/models/kernels/attention/cudnn.py), whose masks come from cuDNN, not from our hash:
+read back, their statistics, and the output and gradients against the XLA path given the mask
+cuDNN drew.
 
     python benchmarks/attention_masks.py   # on a GPU: a line per check; exit 1 if one fails
 
@@ -93,7 +94,7 @@ def reference(qkv, cot, mask, keep, rate):
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models.attention_ops import xla as xla_attention
+    from bert_jax.models.kernels.attention import xla as xla_attention
 
     allowed = allowed_pairs(mask)[:, 0]
     scale = 1.0 / (1.0 - rate)
@@ -207,7 +208,7 @@ def run_checks(factory, b: int, n: int, h: int, rate: float = RATE, out_tol: flo
 
 def cudnn_factory(rate: float = RATE, packed_layout: str = "bias"):
     """factory(seed) -> fn(q, k, v, mask, key) of cudnn.attention (the key is ignored)."""
-    from bert_jax.models.attention_ops import cudnn
+    from bert_jax.models.kernels.attention import cudnn
 
     def factory(seed):
         return lambda q, k, v, mask, key: cudnn.attention(
@@ -215,22 +216,52 @@ def cudnn_factory(rate: float = RATE, packed_layout: str = "bias"):
     return factory
 
 
-def kernel_check_rows(small: bool = False) -> list[dict]:
+def standin_factory(rate: float = RATE, broken=()):
+    """factory(seed) -> fn(q, k, v, mask, key): a CPU stand-in for a kernel with its own
+    dropout, the XLA path with our hash dropout drawn from (key, seed). broken: "heads" (one
+    mask for every head) and / or "steps" (the key ignored), for tests that the checks fail
+    such kernels."""
+    import jax
+    import jax.numpy as jnp
+
+    from bert_jax.models.dropout import keep_mask
+    from bert_jax.models.kernels.attention import xla as xla_attention
+
+    def factory(seed):
+        def fn(q, k, v, mask, key):
+            if "steps" in broken:
+                key = jax.random.PRNGKey(0)
+            key = jax.random.fold_in(key, seed)
+            b, n, h, _ = q.shape
+            keep = keep_mask(key, (b, 1 if "heads" in broken else h, n, n), rate)
+
+            def drop(p):
+                return jnp.where(keep, p / (1 - rate), 0).astype(p.dtype)
+            return xla_attention.attention(q, k, v, allowed_pairs(mask)[:, 0], dropout=drop)
+        return fn
+    return factory
+
+
+def kernel_check_rows(small: bool = False, standin: bool = False) -> list[dict]:
     """benchmarks/gpu/kernel_check.py's rows for cuDNN's dropout: {path, dtype, dropout,
-    out_err, grad_err}, or with "error" naming the first failures."""
+    out_err, grad_err}, or with "error" naming the first failures. standin: the same checks
+    and rows with standin_factory in place of cuDNN (the suite's --smoke run on CPU: the
+    rows' code runs before a GPU session does; paths "cudnn stand-in ...")."""
     b, n, h = (2, 64, 2) if small else (8, 128, 8)
     out = []
+    name = "cudnn stand-in" if standin else "cudnn"
     for packed_layout in ("bias", "segments"):
+        factory = standin_factory(RATE) if standin else cudnn_factory(RATE, packed_layout)
         try:
             # padded rows take the same call whatever the packed layout
             only = ("packed",) if packed_layout == "segments" else None
-            rows = run_checks(cudnn_factory(RATE, packed_layout), b, n, h, only=only)
+            rows = run_checks(factory, b, n, h, only=only)
         except Exception as e:  # noqa: BLE001 - reported, the suite goes on
-            out.append(dict(path=f"cudnn {packed_layout}", dtype="bfloat16", dropout=RATE,
+            out.append(dict(path=f"{name} {packed_layout}", dtype="bfloat16", dropout=RATE,
                             error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"))
             continue
         for r in rows:
-            path = "cudnn" if r["layout"] == "padded" else f"cudnn {packed_layout}"
+            path = name if r["layout"] == "padded" else f"{name} {packed_layout}"
             row = dict(path=path, dtype="bfloat16", dropout=RATE, out_err=r["out_err"],
                        grad_err=r["grad_err"])
             if r["failures"]:

@@ -11,14 +11,14 @@ Shapes ([batch, length, heads, head_dim] of the GPU suite's cases): base128, lar
 base512, large512; each with two layouts of its rows: "padded" (BERT's rows: 90% full, the
 rest cut at a length drawn from [length / 8, length), padding at the end; a <bool> key mask)
 and "packed" (three sequences a row then padding, data_prep --pack's layout; <int32>
-sequence ids). Every candidate is the model's own call, attention_ops.fused(...) (the XLA
+sequence ids). Every candidate is the model's own call, kernels.attention.fused(...) (the XLA
 path as attention.py calls it), bf16, with the Q/K/V biases:
   xla           the reference, hash dropout 0.1;
   pallas        our kernel, hash dropout 0.1 inside: the default tiling, then (padded rows
                 of the shapes in TILED) the tilings of TILINGS, model.pallas_* options;
   pallas 0      the default tiling without dropout: what the hash costs;
   cudnn 0       cuDNN without dropout (what `auto` takes for evaluation today);
-  cudnn 0.1     cuDNN with its own dropout (attention_ops/cudnn.py: other masks than ours,
+  cudnn 0.1     cuDNN with its own dropout (kernels/attention/cudnn.py: other masks than ours,
                 with the limits it states); packed rows as a bias, and as cuDNN's packed
                 layout ("segments");
   torch         (--torch) PyTorch SDPA, HF BERT's call and without a mask, padded rows.
@@ -138,10 +138,10 @@ def jax_fwd_bwd(path: str, rate: float, options: dict, mask, drop_key, packed_la
     """jit((q, k, v, biases), cot -> (out, grads)) of one candidate."""
     import jax
 
-    from bert_jax.models import attention_ops
-    from bert_jax.models.attention_ops import cudnn
-    from bert_jax.models.attention_ops import xla as xla_attention
     from bert_jax.models.dropout import Dropout
+    from bert_jax.models.kernels import attention as attention_kernels
+    from bert_jax.models.kernels.attention import cudnn
+    from bert_jax.models.kernels.attention import xla as xla_attention
     from bert_jax.models.layers import add_bias
 
     # The key the model's hash Dropout draws its mask from under `drop_key`: the Pallas
@@ -163,9 +163,9 @@ def jax_fwd_bwd(path: str, rate: float, options: dict, mask, drop_key, packed_la
             q, k, v = (add_bias(x, bb) for x, bb in zip((q, k, v), biases))
             return cudnn.attention(q, k, v, mask, dropout_rate=rate, seed=1234,
                                    packed_layout=packed_layout)
-        return attention_ops.fused(path, q, k, v, mask, dropout_rate=rate,
-                                   dropout_key=fused_key, pallas_options=options,
-                                   biases=biases)
+        return attention_kernels.fused(path, q, k, v, mask, dropout_rate=rate,
+                                       dropout_key=fused_key, pallas_options=options,
+                                       biases=biases)
 
     def fwd_bwd(args, cot):
         out, vjp = jax.vjp(attend, *args)
@@ -303,9 +303,9 @@ def fmt_row(row: dict) -> str:
 
 def today_auto(layout: str) -> str:
     """What `auto` takes today on a GPU for a training call of BERT's config in bf16
-    (attention_ops.resolve, the code that decides)."""
+    (kernels.attention.resolve, the code that decides)."""
     from bert_jax.models import BertConfig
-    from bert_jax.models.attention_ops import resolve
+    from bert_jax.models.kernels.attention import resolve
 
     config = BertConfig(dtype="bfloat16", attention_probs_dropout_prob=DROPOUT)
     return resolve("auto", "gpu", config, training=True, packed=layout == "packed")

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from bert_jax.models import attention_ops
-from bert_jax.models.attention_ops import pallas_flash, xla
+from bert_jax.models.kernels import attention as attention_kernels
+from bert_jax.models.kernels.attention import pallas_flash, xla
 
 _LENGTH = flags.DEFINE_integer("length", 8192, "Sequence length.")
 _WINDOW = flags.DEFINE_integer("window", 64, "Sliding-window half width (|i - j| <= window).")
@@ -81,7 +81,7 @@ def main(argv):
         return jax.jit(step)
 
     def pallas(window):
-        return grads(lambda q, k, v: attention_ops.fused(
+        return grads(lambda q, k, v: attention_kernels.fused(
             "pallas", q, k, v, mask, dropout_rate=rate, dropout_key=drop_key,
             pallas_options=blocks, window=window))
 

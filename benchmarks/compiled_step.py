@@ -231,15 +231,15 @@ def compile_step(config, batch: int, seq: int, preds: int, devices, *, dropout: 
 
 def attention_path(mcfg, devices, *, dropout: bool = True) -> str:
     """The attention implementation the model resolves to on these devices."""
-    from bert_jax.models import attention_ops
+    from bert_jax.models.kernels import attention as attention_kernels
 
-    return attention_ops.resolve(mcfg.attention, devices[0].platform, mcfg, training=dropout)
+    return attention_kernels.resolve(mcfg.attention, devices[0].platform, mcfg, training=dropout)
 
 
 def describe(mcfg, attention: str, devices=None) -> str:
     """The model line both scripts print first: the compute dtype `devices` resolve
     model.dtype to (auto: bfloat16 on a GPU or TPU target, float32 on CPU)."""
-    from bert_jax.models.backend import platform_name
+    from bert_jax.models.kernels.backend import platform_name
 
     plat = platform_name(devices[0].platform) if devices else "cpu"
     return (f"model: L={mcfg.num_hidden_layers} H={mcfg.hidden_size} "

@@ -35,10 +35,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -47,8 +45,11 @@ import time
 from typing import Optional
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TMP_MARK = ".orbax-checkpoint-tmp"
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import drill_runs as runs  # noqa: E402
+from benchmarks.drill_runs import REPO  # noqa: E402
 
 
 @dataclasses.dataclass
@@ -90,81 +91,11 @@ def _args(argv=None):
     return p.parse_args(argv)
 
 
-def _command(args, workdir: str) -> list[str]:
-    return [sys.executable, os.path.join(REPO, "launch", "train.py"), f"--config={args.config}",
-            f"--workdir={workdir}", "--config.data.source=synthetic",
-            f"--config.train.steps={args.steps}", f"--config.checkpoint.every={args.every}",
-            "--config.checkpoint.keep=3", "--config.train.log_every=1",
-            "--config.train.eval_every=-1", "--config.train.tensorboard=False"]
-
-
-def _env(cache: str) -> dict:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    env["JAX_COMPILATION_CACHE_DIR"] = cache
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-    env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
-    return env
-
-
-def _records(workdir: str, offset: int = 0) -> list[dict]:
-    """metrics.jsonl's records from byte `offset` on (a line cut by a kill is skipped)."""
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.isfile(path):
-        return []
-    with open(path, "rb") as f:
-        f.seek(offset)
-        lines = f.read().decode("utf-8", "replace").splitlines()
-    out = []
-    for line in lines:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out
-
-
-def _logged(workdir: str, offset: int = 0) -> dict[int, float]:
-    """step -> train/loss, the last record of each step (a resumed step logs again)."""
-    return {int(r["step"]): r["train/loss"] for r in _records(workdir, offset)
-            if "train/loss" in r}
-
-
-def _size(workdir: str) -> int:
-    path = os.path.join(workdir, "metrics.jsonl")
-    return os.path.getsize(path) if os.path.isfile(path) else 0
-
-
-def _checkpoints(workdir: str) -> tuple[list[int], list[str]]:
-    """(complete steps, temporary folders) under WORKDIR/checkpoints."""
-    directory = os.path.join(workdir, "checkpoints")
-    names = os.listdir(directory) if os.path.isdir(directory) else []
-    return sorted(int(n) for n in names if n.isdigit()), sorted(n for n in names if TMP_MARK in n)
-
-
 def _launch(args, workdir, cache, log_path):
     log = open(log_path, "w")
-    proc = subprocess.Popen(_command(args, workdir), cwd=REPO, env=_env(cache), stdout=log,
+    proc = subprocess.Popen(runs.command(args, workdir), cwd=REPO, env=runs.env(cache), stdout=log,
                             stderr=subprocess.STDOUT, text=True)
     return proc, log
-
-
-def _wait_first_step(proc, workdir, offset: int, deadline: float) -> bool:
-    """Waits until the launch logs a step (metrics.jsonl grows past `offset`)."""
-    while time.time() < deadline and proc.poll() is None:
-        if _logged(workdir, offset):
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def _start_step(log_text: str) -> Optional[int]:
-    """The step a launch started training from ("... steps S -> N ..."), None if it was
-    killed before that line (while starting up or restoring)."""
-    m = re.search(r"; steps (\d+) -> \d+;", log_text)
-    return int(m.group(1)) if m else None
 
 
 def _final_params(workdir: str, step: int):
@@ -193,7 +124,7 @@ def drill(args) -> int:
 
     t0 = time.time()
     proc, log = _launch(args, reference, cache, os.path.join(args.workdir, "reference.log"))
-    started = _wait_first_step(proc, reference, 0, t0 + args.timeout)
+    started = runs.wait_first_step(proc, reference, 0, t0 + args.timeout)
     t1 = time.time()
     code = proc.wait(timeout=args.timeout)
     log.close()
@@ -214,7 +145,7 @@ def drill(args) -> int:
     while True:
         attempt += 1
         mode = modes[len(kills)] if len(kills) < len(modes) else None
-        offset = _size(work)
+        offset = runs.size(work)
         log_path = os.path.join(args.workdir, f"launch_{attempt}.log")
         t_start = time.time()
         proc, log = _launch(args, work, cache, log_path)
@@ -224,25 +155,25 @@ def drill(args) -> int:
             # restore), the others while it trains, within two intervals of its first step.
             if rng.random() < 0.25:
                 time.sleep(rng.uniform(0.1, 0.9) * relaunch_startup)
-            elif _wait_first_step(proc, work, offset, deadline):
+            elif runs.wait_first_step(proc, work, offset, deadline):
                 relaunch_startup = min(relaunch_startup, time.time() - t_start)
                 time.sleep(rng.uniform(0, 2 * args.every * step_time))
         elif mode == "save":
             # A save of this launch: a temporary folder appearing after its first step
             # (the launch removed any left by an earlier kill when it opened the manager).
-            if _wait_first_step(proc, work, offset, deadline):
+            if runs.wait_first_step(proc, work, offset, deadline):
                 relaunch_startup = min(relaunch_startup, time.time() - t_start)
                 while proc.poll() is None and time.time() < deadline:
-                    if _checkpoints(work)[1]:
+                    if runs.checkpoints(work)[1]:
                         break
                     time.sleep(0.001)
         kill = None
         if mode is not None and proc.poll() is None:
-            tmp_seen = _checkpoints(work)[1]
+            tmp_seen = runs.checkpoints(work)[1]
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-            complete, tmp_left = _checkpoints(work)
-            steps = _logged(work, offset)
+            complete, tmp_left = runs.checkpoints(work)
+            steps = runs.logged(work, offset)
             in_flight = sorted(set(tmp_seen) & set(tmp_left))
             kill = Kill(mode, attempt, max(steps) if steps else None,
                         complete[-1] if complete else None,
@@ -255,7 +186,7 @@ def drill(args) -> int:
             break
         if "skipped:" in text:
             failed.append(f"launch {attempt} skipped a damaged checkpoint (see {log_path})")
-        start = _start_step(text)
+        start = runs.start_step(text)
         if start is not None:
             # Every earlier kill not yet followed by a start resumes here (nothing was
             # saved in between): it must be from the newest complete checkpoint it left.
@@ -279,11 +210,11 @@ def drill(args) -> int:
         allowed = args.every + ((k.reached - k.save_started) if k.during_save else 0)
         if k.lost > allowed or k.resumed != (k.complete or 0):
             lost_beyond.append(k)
-    leftovers = _checkpoints(work)[1]
-    want, got = _logged(reference), _logged(work)
+    leftovers = runs.checkpoints(work)[1]
+    want, got = runs.logged(reference), runs.logged(work)
     same_losses = want == got and sorted(got) == list(range(1, args.steps + 1))
     same_params = False
-    if not failed and args.steps in _checkpoints(work)[0]:
+    if not failed and args.steps in runs.checkpoints(work)[0]:
         a, b = _final_params(reference, args.steps), _final_params(work, args.steps)
         same_params = len(a) == len(b) > 0 and all((x == y).all() for x, y in zip(a, b))
     during = sum(k.during_save for k in kills)
@@ -309,7 +240,6 @@ def drill(args) -> int:
 if __name__ == "__main__":
     _flags = _args()
     if _flags.processes > 1:
-        sys.path.insert(0, REPO)
         from benchmarks import pod_drill
 
         sys.exit(pod_drill.drill(_flags))

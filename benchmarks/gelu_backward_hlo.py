@@ -1,6 +1,6 @@
 r"""The FFN's bias + GELU backward pass alone, compiled for a GPU description on any machine:
 kernels and bytes of XLA's fusion against the rewrites tried and the Pallas kernel
-(bert_jax/models/gelu_ops.py). No timing: it reads the compiled program, as step_hlo.py.
+(bert_jax/models/kernels/gelu.py). No timing: it reads the compiled program, as step_hlo.py.
 
     PYTHONPATH=<jax-cuda12 plugin wheels> python benchmarks/gelu_backward_hlo.py \
         --gpu_target_config=benchmarks/gpu/h200.txtpb [--rows=32768 --width=3072]
@@ -26,14 +26,14 @@ def variants(rows: int):
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models import gelu_ops
+    from bert_jax.models.kernels import gelu as gelu_kernel
 
     def xla(p, b, g):  # what the model differentiates without the kernel
-        return jax.vjp(gelu_ops.reference, p, b)[1](g)
+        return jax.vjp(gelu_kernel.reference, p, b)[1](g)
 
     def barrier(p, b, g):  # the bf16 gradient forced to memory, then summed
         h = (p.astype(jnp.float32) + b).astype(p.dtype)
-        dh = jax.lax.optimization_barrier(jax.vjp(gelu_ops.reference, h, b * 0)[1](g)[0])
+        dh = jax.lax.optimization_barrier(jax.vjp(gelu_kernel.reference, h, b * 0)[1](g)[0])
         return dh, jnp.sum(dh.astype(jnp.float32), 0)
 
     def gemv(p, b, g):  # the bias gradient as ones . dh (bf16 in, float32 out)
@@ -53,7 +53,7 @@ def variants(rows: int):
         return dh, jnp.sum(part, 0)
 
     def pallas(p, b, g):
-        return gelu_ops.gelu_backward(p, b, g)
+        return gelu_kernel.gelu_backward(p, b, g)
 
     return dict(xla=xla, barrier=barrier, gemv=gemv, reduce_precision=reduce_precision,
                 two_stage=two_stage, pallas=pallas)

@@ -36,6 +36,12 @@ import sys
 import time
 from typing import Optional
 
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import drill_runs as runs  # noqa: E402
+from benchmarks.drill_runs import REPO  # noqa: E402
+
 KINDS = ("kill", "kill_save", "term", "save_fail")
 CODES = {"kill": 1, "kill_save": 1, "term": 0, "save_fail": 1}
 # A traceback, a native abort's stack, or a native (C++) log line.
@@ -69,11 +75,9 @@ def _port() -> int:
 
 def _launch(args, workdir: str, env: dict, logs: str, extra: dict) -> list:
     """K processes of launch/train.py: [(Popen, log path)]."""
-    from benchmarks.fault_drill import REPO, _command
-
     port, procs = _port(), []
     for i in range(args.processes):
-        cmd = _command(args, workdir) + [
+        cmd = runs.command(args, workdir) + [
             f"--coordinator_address=localhost:{port}", f"--num_processes={args.processes}",
             f"--process_id={i}", "--config.mesh.data=-1",
             f"--config.train.heartbeat_timeout={args.heartbeat}"] + extra.get(i, [])
@@ -119,20 +123,17 @@ def drill(args) -> int:
 
 
 def _drill(args) -> int:
-    from benchmarks.fault_drill import (_checkpoints, _env, _logged, _size, _start_step,
-                                        _wait_first_step)
-
     faults_n = args.faults
     args.steps = args.steps or args.every * (2 * faults_n + 4)
     rng = random.Random(args.seed)
     shutil.rmtree(args.workdir, ignore_errors=True)
     os.makedirs(args.workdir)
-    env = _env(os.path.join(args.workdir, "xla_cache"))
+    env = runs.env(os.path.join(args.workdir, "xla_cache"))
     reference, work = os.path.join(args.workdir, "reference"), os.path.join(args.workdir, "run")
 
     t0 = time.time()
     procs = _launch(args, reference, env, os.path.join(args.workdir, "reference"), {})
-    started = _wait_first_step(procs[0][0], reference, 0, t0 + args.timeout)
+    started = runs.wait_first_step(procs[0][0], reference, 0, t0 + args.timeout)
     t1 = time.time()
     codes = [p.wait(timeout=args.timeout) for p, _ in procs]
     if codes != [0] * args.processes or not started:
@@ -152,8 +153,8 @@ def _drill(args) -> int:
     while True:
         launch += 1
         kind = kinds[len(faults)] if len(faults) < len(kinds) else None
-        offset = _size(work)
-        start_guess = max(_checkpoints(work)[0], default=0)
+        offset = runs.size(work)
+        start_guess = max(runs.checkpoints(work)[0], default=0)
         fault = Fault(kind, rng.randrange(args.processes), launch) if kind else None
         extra = {}
         if kind == "save_fail":  # the first or second save of this launch
@@ -163,19 +164,19 @@ def _drill(args) -> int:
         procs = _launch(args, work, env, logs, extra)
         deadline = time.time() + args.timeout
         t_fault = None
-        first = _wait_first_step(procs[0][0], work, offset, deadline)
+        first = runs.wait_first_step(procs[0][0], work, offset, deadline)
         if kind in ("kill", "term") and first:  # within the launch's first two intervals
             time.sleep(rng.uniform(0.1, 2) * args.every * args.step_time)
         elif kind == "kill_save" and first:
             while time.time() < deadline and all(p.poll() is None for p, _ in procs):
-                tmp = _checkpoints(work)[1]
+                tmp = runs.checkpoints(work)[1]
                 if tmp:
                     fault.since = int(tmp[-1].split(".")[0])
                     break
                 time.sleep(0.002)
         elif kind == "save_fail":
             while time.time() < deadline and all(p.poll() is None for p, _ in procs):
-                if fault.since in _logged(work, offset):
+                if fault.since in runs.logged(work, offset):
                     break
                 time.sleep(0.01)
             t_fault = time.time()
@@ -196,9 +197,9 @@ def _drill(args) -> int:
         for i in hung:
             procs[i][0].kill()
             procs[i][0].wait()
-        steps = _logged(work, offset)
+        steps = runs.logged(work, offset)
         texts = [open(path, errors="replace").read() for _, path in procs]
-        start = next((s for s in (_start_step(t) for t in texts) if s is not None), None)
+        start = next((s for s in (runs.start_step(t) for t in texts) if s is not None), None)
         for f in pending:  # the earlier faults resume here
             f.resumed = start
             if start is not None and start != (f.complete or 0):
@@ -215,7 +216,7 @@ def _drill(args) -> int:
                 failed.append(f"the last launch ended with {codes} (hung: {hung})")
             break
         fault.at = max(steps) if steps else None
-        fault.complete = max(_checkpoints(work)[0], default=None)
+        fault.complete = max(runs.checkpoints(work)[0], default=None)
         for i, (p, _) in enumerate(procs):
             if kind.startswith("kill") and i == fault.victim:
                 continue
@@ -246,10 +247,10 @@ def _drill(args) -> int:
         if f.lost > allowed:
             lost_beyond.append(f)
         problems += [f"fault {faults.index(f) + 1} ({f.kind}): {p}" for p in f.problems]
-    want, got = _logged(reference), _logged(work)
+    want, got = runs.logged(reference), runs.logged(work)
     same_losses = want == got and sorted(got) == list(range(1, args.steps + 1))
     same_params = False
-    if args.steps in _checkpoints(work)[0] and args.steps in _checkpoints(reference)[0]:
+    if args.steps in runs.checkpoints(work)[0] and args.steps in runs.checkpoints(reference)[0]:
         a, b = _final_params(reference, args.steps), _final_params(work, args.steps)
         same_params = len(a) == len(b) > 0 and all((x == y).all() for x, y in zip(a, b))
     hangs = sum(any("hung" in p for p in f.problems) for f in faults)
@@ -262,7 +263,7 @@ def _drill(args) -> int:
           f"(limit {args.exit_limit:.0f} s)")
     print(f"final state equal to the uninterrupted run: "
           f"{'yes' if same_losses and same_params else 'NO'} (params and {len(want)} losses, "
-          f"bit for bit); temporary folders left: {len(_checkpoints(work)[1])}")
+          f"bit for bit); temporary folders left: {len(runs.checkpoints(work)[1])}")
     print("| # | fault | process | last step | newest checkpoint | resumed | lost | exits "
           "(code, s) |")
     print("|---|---|---|---|---|---|---|---|")
@@ -275,7 +276,7 @@ def _drill(args) -> int:
     for p in problems + failed:
         print(f"  PROBLEM: {p}")
     ok = (not problems and not failed and not lost_beyond and same_losses and same_params
-          and not _checkpoints(work)[1])
+          and not runs.checkpoints(work)[1])
     return 0 if ok else 1
 
 

@@ -36,7 +36,6 @@ def child(model: str, mode: str) -> dict:
     import resource
     import time
 
-    from bert_jax.data.tokenization import load_tokenizer  # noqa: F401  (imports first)
     from bert_jax.models.config import from_config_dict
     from bert_jax.models.params import count_params
     from bert_jax.tasks.registry import task_from_config

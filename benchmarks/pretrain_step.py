@@ -34,9 +34,12 @@ def step_config(config, dtype: str):
     return config
 
 
-def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: bool = True):
+def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: bool = True,
+          host_batches: list | None = None):
     """All local devices in one data-parallel mesh. Returns a dict: model, mcfg (the
-    BertConfig), state, batches (two synthetic global batches), rng, lowered (the step's
+    BertConfig), state, batches (two global batches: synthetic full-length rows, or
+    `host_batches`, numpy batches of any layout the step takes, e.g. packed rows), rng,
+    lowered (the step's
     lowering, to compile again with other compiler options), compiled (the step, compiled
     as launch/train.py compiles it), compile_s (lowering and compiling the step) and
     init_s (initializing the state)."""
@@ -73,9 +76,10 @@ def build(config, batch: int, seq: int, preds: int, *, accum: int = 1, dropout: 
                                  accum_steps=accum, deterministic=not dropout,
                                  keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
     gen = np.random.default_rng(0)
-    batches = [data_device.to_global(synthetic_batch(
+    host_batches = host_batches or [synthetic_batch(
         gen, batch, seq, preds, vocab_size=mcfg.vocab_size, cls_id=101, sep_id=102,
-        mask_id=103), bsh) for _ in range(2)]
+        mask_id=103) for _ in range(2)]
+    batches = [data_device.to_global(b, bsh) for b in host_batches]
     rng = jax.device_put(jax.random.key(1), sharding_lib.replicated(mesh))
     t = time.perf_counter()
     lowered = fn.lower(state, batches[0], rng)

@@ -15,7 +15,8 @@ Counting rule (`audit`). A kernel is each instruction of the entry computation t
 fusion, a custom call, a collective, or any other op that does work (copy, reduce, scatter,
 sort, a lone dot, ...); parameters, constants, tuples, get-tuple-element, bitcasts and
 other bookkeeping are not kernels. A while loop's body counts once per trip
-(`known_trip_count`), its condition once more; a call's or async op's computation counts as
+(`known_trip_count`, else the constant its condition's `counter < N` compares with, as in
+a TPU compile's layer loops), its condition once more; a call's or async op's computation counts as
 if inlined, and of a conditional's branches the one with the most kernels. A kernel is a
 GEMM when it is a dot, a fusion holding a dot (XLA's Triton GEMM fusions) or a cuBLAS or
 oneDNN matmul custom call; its FLOPs are 2 x output elements x contracted size, from the
@@ -24,6 +25,12 @@ bytes, not their FLOPs. An other kernel's bytes are its operands' (each once) pl
 output's, except that a fusion operand read only through slices counts the slices, one
 read only through a gather (elementwise ops between them included) counts the gathered
 elements, and a dynamic-update-slice writes in place (the update, not the whole buffer).
+GEMMs' bytes, counted the same way, are kept apart (`all_bytes`): the estimate times GEMMs
+by their FLOPs.
+
+--target=tpu:<topology> prints, in place of the GPU estimate, benchmarks/tpu_roofline.py's:
+XLA's cost analysis of the step at the chip's published peak and HBM bandwidth, and the
+XLA attention's [length, length] traffic against a flash kernel's.
 
 Phases come from each instruction's op_name metadata (jax's name stack): `transpose(` is the
 backward pass, `jvp(` the forward pass; the MLM and NSP heads and the loss (`/mlm/`, `/nsp/`,
@@ -234,6 +241,8 @@ class Kernel:
     op_name: str
     shape: str
     impl: str = ""  # GEMMs: what emits them (cuBLAS, a Triton GEMM fusion, ...)
+    all_bytes: int = 0  # per launch, operands + output, GEMMs included
+    traffic: tuple = ()  # per launch: (array shape, bytes) of each array read or written
 
     @property
     def phase(self) -> str:
@@ -265,25 +274,33 @@ def _elements(shape: str) -> int:
     return sum(math.prod(d) for _, d in arrays(shape))
 
 
-def _fusion_bytes(instr: Instr, fused: list[Instr], shapes: dict[str, str]) -> int:
-    """Operand plus output bytes of a fusion, reading through its fused computation: an
-    operand read only through (dynamic-)slices counts the slices, one read only through a
-    gather (after elementwise ops: a loop fusion computes them for the gathered elements
-    only) counts the gathered elements, a dynamic-update-slice into an operand writes the
-    update in place."""
+def _fusion_traffic(instr: Instr, fused: list[Instr], shapes: dict[str, str],
+                    comps: dict | None = None) -> list:
+    """[(array shape, bytes)] a fusion reads (each operand once) and writes, reading through
+    its fused computation (and the fusions nested in it, from `comps`): an operand read
+    only through (dynamic-)slices counts the slices, one read only through a gather (after
+    elementwise ops: a loop fusion computes them for the gathered elements only) counts the
+    gathered elements, a dynamic-update-slice into an operand writes the update in place."""
+    comps = comps or {}
     by_name = {i.name: i for i in fused}
-    users = collections.defaultdict(list)
-    for i in fused:
-        for o in i.operands:
-            users[o].append(i)
+    users_of: dict[int, dict] = {}
 
-    def read(name: str, full: int, per_element: float, elements: int) -> int:
-        if not users[name]:  # the fusion's output: every element
+    def users(body: list[Instr]) -> dict:
+        if id(body) not in users_of:
+            found = collections.defaultdict(list)
+            for i in body:
+                for o in i.operands:
+                    found[o].append(i)
+            users_of[id(body)] = found
+        return users_of[id(body)]
+
+    def read(body: list[Instr], name: str, full: int, per_element: float, elements: int) -> int:
+        if not users(body)[name]:  # the fusion's output: every element
             return full
         total = 0
-        for u in users[name]:
+        for u in users(body)[name]:
             if u.opcode in ("bitcast", "reshape"):
-                total += read(u.name, full, per_element, elements)
+                total += read(body, u.name, full, per_element, elements)
             elif u.opcode in ("slice", "dynamic-slice") and u.operands[0] == name:
                 total += _elements(u.shape) * per_element
             elif u.opcode == "gather" and u.operands[0] == name:
@@ -291,32 +308,40 @@ def _fusion_bytes(instr: Instr, fused: list[Instr], shapes: dict[str, str]) -> i
             elif u.opcode == "dynamic-update-slice" and u.operands[0] == name:
                 continue
             elif u.opcode in _ELEMENTWISE and _elements(u.shape) == elements:
-                total += read(u.name, full, per_element, elements)
+                total += read(body, u.name, full, per_element, elements)
+            elif u.opcode == "fusion" and u.attr("calls") in comps:  # a nested fusion
+                inner = comps[u.attr("calls")]
+                params = [i for i in inner if i.opcode == "parameter"]
+                for j, o in enumerate(u.operands):
+                    if o == name and j < len(params):
+                        total += read(inner, _param_by_index(params, j).name, full,
+                                      per_element, elements)
             else:
                 return full
         return int(min(total, full))
 
-    def written(i: Instr) -> int:
+    def written(i: Instr) -> list:
         if i.opcode == "tuple":
-            return sum(written(by_name[o]) for o in i.operands if o in by_name)
+            return [w for o in i.operands if o in by_name for w in written(by_name[o])]
         if i.opcode == "bitcast" and i.operands and i.operands[0] in by_name:
             return written(by_name[i.operands[0]])
         if i.opcode == "dynamic-update-slice":
-            return shape_bytes(by_name[i.operands[1]].shape)
-        return shape_bytes(i.shape)
+            update = by_name[i.operands[1]].shape
+            return [(update, shape_bytes(update))]
+        return [(i.shape, shape_bytes(i.shape))]
 
     param_list = [i for i in fused if i.opcode == "parameter"]
-    total, seen = 0, set()
+    traffic, seen = [], set()
     for idx, operand in enumerate(instr.operands):
         if operand in seen or idx >= len(param_list):
             continue
         seen.add(operand)
         p = _param_by_index(param_list, idx)
-        full = shape_bytes(shapes.get(operand, p.shape))
-        n = _elements(shapes.get(operand, p.shape))
-        total += read(p.name, full, full / max(n, 1), n)
+        shape = shapes.get(operand, p.shape)
+        full, n = shape_bytes(shape), _elements(shape)
+        traffic.append((shape, read(fused, p.name, full, full / max(n, 1), n)))
     root = next((i for i in fused if i.root), fused[-1])
-    return total + written(root)
+    return traffic + written(root)
 
 
 def _param_by_index(params: list[Instr], idx: int) -> Instr:
@@ -342,14 +367,15 @@ def audit(text: str) -> list[Kernel]:
                 out.extend(fused_dots(i.attr("calls")))
         return out
 
-    def add(comp: str, i: Instr, mult: int, kind: str, nbytes: int = 0, flops: int = 0,
-            dtype: str = "", impl: str = ""):
+    def add(comp: str, i: Instr, mult: int, kind: str, flops: int = 0, dtype: str = "",
+            impl: str = "", traffic: list = ()):
         key = (comp, i.name)
         if key in kernels:
             kernels[key].count += mult
         else:
-            kernels[key] = Kernel(i.name, i.opcode, kind, mult, nbytes, flops, dtype,
-                                  i.op_name, i.shape, impl)
+            moved = sum(b for _, b in traffic)
+            kernels[key] = Kernel(i.name, i.opcode, kind, mult, 0 if kind == "gemm" else moved,
+                                  flops, dtype, i.op_name, i.shape, impl, moved, tuple(traffic))
 
     def walk(comp: str, mult: int):
         shapes = shapes_of[comp]
@@ -357,7 +383,7 @@ def audit(text: str) -> list[Kernel]:
             op = i.opcode
             if op == "while":
                 m = re.search(r'"known_trip_count":\{"n":"(\d+)"', i.attrs)
-                trips = int(m.group(1)) if m else 1
+                trips = int(m.group(1)) if m else _counted_trips(comps[i.attr("condition")])
                 walk(i.attr("body"), mult * trips)
                 walk(i.attr("condition"), mult * (trips + 1))
             elif op == "conditional":
@@ -383,22 +409,22 @@ def audit(text: str) -> list[Kernel]:
                     impl = ("Triton GEMM fusion" if "triton" in kind and "gemm" in kind
                             else f"GEMM fusion {kind or i.attr('kind')}")
                     add(comp, i, mult, "gemm", flops=flops, dtype=gemm_dtype(d0, shapes_of[c0]),
-                        impl=impl)
+                        impl=impl, traffic=_fusion_traffic(i, fused, shapes, comps))
                 else:
                     add(comp, i, mult, _fusion_kind(i) or "other",
-                        nbytes=_fusion_bytes(i, fused, shapes))
+                        traffic=_fusion_traffic(i, fused, shapes, comps))
             elif op in ("dot", "convolution"):
                 add(comp, i, mult, "gemm", flops=dot_flops(i, shapes), dtype=gemm_dtype(i, shapes),
-                    impl=f"{op} (unfused)")
+                    impl=f"{op} (unfused)", traffic=_plain_traffic(i, shapes))
             elif op == "custom-call":
                 kind = _custom_kind(i)
                 if kind.endswith("GEMM"):
                     add(comp, i, mult, "gemm", flops=dot_flops(i, shapes),
-                        dtype=gemm_dtype(i, shapes), impl=kind)
+                        dtype=gemm_dtype(i, shapes), impl=kind, traffic=_plain_traffic(i, shapes))
                 else:
-                    add(comp, i, mult, kind, nbytes=_plain_bytes(i, shapes))
+                    add(comp, i, mult, kind, traffic=_plain_traffic(i, shapes))
             else:
-                add(comp, i, mult, "other", nbytes=_plain_bytes(i, shapes))
+                add(comp, i, mult, "other", traffic=_plain_traffic(i, shapes))
 
     def count_only(comp: str) -> int:
         saved = dict(kernels)
@@ -413,15 +439,42 @@ def audit(text: str) -> list[Kernel]:
     return list(kernels.values())
 
 
-def _plain_bytes(i: Instr, shapes: dict[str, str]) -> int:
-    """Operand (each once) plus output bytes of an unfused instruction; in-place updates
-    and slices move only the slice."""
+def while_loops(text: str) -> list[tuple[str, int]]:
+    """(op_name, trips) of every while loop in an HLO module, trips as audit counts them."""
+    comps, _ = parse_module(text)
+    out = []
+    for instrs in comps.values():
+        for i in instrs:
+            if i.opcode == "while":
+                m = re.search(r'"known_trip_count":\{"n":"(\d+)"', i.attrs)
+                trips = int(m.group(1)) if m else _counted_trips(comps[i.attr("condition")])
+                out.append((i.op_name, trips))
+    return out
+
+
+def _counted_trips(cond: list[Instr]) -> int:
+    """Trips of a while loop whose condition is `counter < N` with N a constant (a scan);
+    1 when it is anything else."""
+    root = next((i for i in cond if i.root), None)
+    consts = {i.name: i.args.strip() for i in cond if i.opcode == "constant"}
+    if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs:
+        return 1
+    for o in root.operands[1:]:
+        if consts.get(o, "").isdigit():
+            return int(consts[o])
+    return 1
+
+
+def _plain_traffic(i: Instr, shapes: dict[str, str]) -> list:
+    """[(array shape, bytes)] an unfused instruction reads (each operand once) and writes;
+    in-place updates and slices move only the slice."""
     if i.opcode == "dynamic-update-slice":
-        return 2 * shape_bytes(shapes[i.operands[1]])
+        update = shapes[i.operands[1]]
+        return [(update, shape_bytes(update))] * 2
     if i.opcode in ("slice", "dynamic-slice"):
-        return 2 * shape_bytes(i.shape)
-    ins = sum(shape_bytes(shapes[o]) for o in dict.fromkeys(i.operands) if o in shapes)
-    return ins + shape_bytes(i.shape)
+        return [(i.shape, shape_bytes(i.shape))] * 2
+    ins = [(shapes[o], shape_bytes(shapes[o])) for o in dict.fromkeys(i.operands) if o in shapes]
+    return ins + [(i.shape, shape_bytes(i.shape))]
 
 
 def is_fp8(kernel: Kernel) -> bool:
@@ -554,6 +607,28 @@ def _short(shape: str) -> str:
     return shape if len(shape) <= 60 else shape[:57] + "..."
 
 
+def tpu_lines(config, compiled, text: str, mcfg, devices, preds: int, kernels: list) -> list:
+    """benchmarks/tpu_roofline.py's lines for the step compiled for a TPU slice on the
+    config's mesh (per device)."""
+    from bert_jax import sharding as sharding_lib
+    from benchmarks import tpu_roofline
+
+    mesh = dict(zip(sharding_lib.MESH_AXES, sharding_lib.mesh_shape(config.mesh, len(devices))))
+    local = FLAGS.batch // (mesh["data"] * mesh["fsdp"])
+
+    def recompile(unroll: int):
+        again = config.copy_and_resolve_references()
+        with again.unlocked():
+            del again.model["scan_unroll"]  # the configs' "auto" is a str: a new int field
+            again.model.scan_unroll = unroll
+        return compiled_step.compile_step(again, FLAGS.batch, FLAGS.seq, preds, devices,
+                                          dropout=FLAGS.dropout, config_mesh=True)[0]
+
+    return ([f"mesh: {mesh} over {len(devices)} devices; {local} sequences per device"]
+            + tpu_roofline.report(compiled, mcfg, devices, local, FLAGS.seq, kernels,
+                                  recompile, while_loops(text)))
+
+
 def main(argv):
     del argv
     config, devices, preds = compiled_step.from_flags(FLAGS)
@@ -570,6 +645,11 @@ def main(argv):
     if FLAGS.dump_hlo:
         with open(FLAGS.dump_hlo, "w", encoding="utf-8") as f:
             f.write(text)
+    kernels = audit(text)
+    if compiled_step.parse_target(FLAGS.target)[0] == "tpu":
+        for line in tpu_lines(config, compiled, text, mcfg, devices, preds, kernels):
+            print(line)
+        return
     cost = cost_analysis(compiled)
     if cost:
         (cost, source) = cost
@@ -577,7 +657,6 @@ def main(argv):
               f"{cost['bytes'] / 2**30:.1f} GiB accessed ({source})")
     else:
         print("XLA cost analysis: not available for this target")
-    kernels = audit(text)
     totals = summarize(kernels, gemm_tflops=FLAGS.gemm_tflops, hbm_tbps=FLAGS.hbm_tbps,
                        launch_us=FLAGS.launch_us, fp8_gemm_tflops=FLAGS.fp8_gemm_tflops)
     if FLAGS.json:

@@ -111,7 +111,7 @@ def warmup_steps(schedule, total_steps: int) -> int:
     return int(round(ratio * total_steps))
 
 
-def _path_names(path) -> tuple[str, ...]:
+def path_names(path) -> tuple[str, ...]:
     """Dict keys along a pytree path (flax's boxes add attribute keys, which we skip)."""
     return tuple(str(k.key) for k in path if isinstance(k, jax.tree_util.DictKey))
 
@@ -126,7 +126,7 @@ def decays(names: tuple[str, ...]) -> bool:
 
 def decay_mask(params: Any) -> Any:
     """Tree of bools like `params` (boxed or not): True where weight decay applies."""
-    return jax.tree_util.tree_map_with_path(lambda p, _: decays(_path_names(p)), params)
+    return jax.tree_util.tree_map_with_path(lambda p, _: decays(path_names(p)), params)
 
 
 def scale_by_adam_uncorrected(b1: float = 0.9, b2: float = 0.999,
@@ -236,7 +236,7 @@ def layer_depths(params: Any) -> tuple[Any, int]:
     scanned: set[int] = set()
 
     def visit(path, leaf):
-        where = _encoder_layer(_path_names(path))
+        where = _encoder_layer(path_names(path))
         if where == "scanned":
             scanned.add(int(jax.numpy.shape(leaf)[0]))
         elif where is not None:
@@ -256,7 +256,7 @@ def layer_depths(params: Any) -> tuple[Any, int]:
                          "none was found")
 
     def depth(path, leaf):
-        names = _path_names(path)
+        names = path_names(path)
         where = _encoder_layer(names)
         if where == "scanned":
             return np.arange(1, num_layers + 1)

@@ -7,6 +7,35 @@ With no --config.data.train_files it builds TFRecords from data_prep/sample_corp
 minutes on a CPU (timings: benchmarks/RESULTS.md); eval MLM accuracy ends at 0.14-0.15,
 against the 0.073 of always predicting the most frequent masked token (the baseline it
 prints).
+
+Every value this file sets (tests/tasks/test_recipes.py holds the table to the resolved
+config); every other value is its section's default (docs/configuration.md):
+
+    config                              default
+    model.vocab_size                    30522
+    model.hidden_size                   128
+    model.num_hidden_layers             2
+    model.num_attention_heads           2
+    model.intermediate_size             512
+    model.max_position_embeddings       512
+    model.nsp                           True
+    data.max_seq_length                 64
+    data.max_predictions_per_seq        10
+    data.shuffle_buffer                 2000
+    data.num_parallel_reads             4
+    optimizer.b2                        0.98
+    schedule.lr                         1.5e-3
+    schedule.warmup_steps               100
+    schedule.decay                      linear
+    train.batch_size                    8
+    train.eval_batch_size               64
+    train.steps                         2400
+    train.log_every                     50
+    train.eval_every                    0
+    train.eval_steps                    -1
+    train.deterministic                 True
+    checkpoint.every                    800
+    checkpoint.keep                     2
 """
 
 import ml_collections

@@ -9,7 +9,7 @@ Both start with the five special tokens at ids 0-4: [PAD] [UNK] [CLS] [SEP] [MAS
       --model=sentencepiece --output=/tmp/spm.model
 
 The WordPiece vocabulary uses BERT's normalization and pre-tokenization (the same as
-bert_jax.data.tokenization), so `load_tokenizer(vocab_file=...)` reads it back as trained.
+bert_jax.tokenization), so `load_tokenizer(vocab_file=...)` reads it back as trained.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from data_prep.beam import load_beam  # noqa: E402
 from data_prep.paths import (TEXT_FORMAT, InputError, check_blank_inputs,  # noqa: E402
                              resolve_inputs, resolve_outputs)
 from bert_jax.data.features import files_named  # noqa: E402
-from bert_jax.data.tokenization import check_unk_rate, load_tokenizer  # noqa: E402
+from bert_jax.tokenization import check_unk_rate, load_tokenizer  # noqa: E402
 
 
 def _opt(default, help_text: str):

@@ -38,7 +38,7 @@ from data_prep import paths as dp_paths
 from data_prep import tfrecord
 from data_prep import workers
 from bert_jax.data.features import files_named
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 
 _BATCH = 4096  # instances assembled + serialized at once (bounds the numpy temporaries)
 _READ_BLOCK = 1 << 20

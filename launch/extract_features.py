@@ -22,7 +22,7 @@ from absl import app, flags
 
 from bert_jax import cli
 from bert_jax.convert import extract, sources
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("checkpoint", None, "Model directory (bert_config.json + params/), or a "

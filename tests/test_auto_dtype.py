@@ -2,7 +2,7 @@
 bfloat16 when the step compiles for a TPU slice (a v5e 2x2 topology description, libtpu) or
 an H100 (the CUDA compile target, jax's CUDA plugin wheels), and in float32 on CPU. The
 step is lowered as benchmarks/compiled_step.py lowers it for step_memory.py / step_hlo.py;
-the dtype is resolved while tracing, from the mesh's devices (bert_jax.models.backend)."""
+the dtype is resolved while tracing, from the mesh's devices (bert_jax.models.kernels.backend)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import sys
 import jax
 import pytest
 
-from bert_jax.models.backend import platform_name
 from bert_jax.models.config import BertConfig
+from bert_jax.models.kernels.backend import platform_name
 from bert_jax.train.config import load_config
 from tests.conftest import REPO
 

@@ -43,7 +43,7 @@ def test_every_config_and_argument_is_in_the_reference(gen):
     assert args("swag.py") == set(CHOICE_FORMATS)
     assert args("squad.py") == {"1.1", "2.0"}
     assert "phase2" in args("bert_base.py") and "phase2" in args("bert_large.py")
-    from bert_jax.train.config import MODERNBERT_ARGS
+    from bert_jax.tasks.pretraining.recipes import MODERNBERT_ARGS
     for name in ("modernbert_base.py", "modernbert_large.py"):
         assert args(name) == {a for a in MODERNBERT_ARGS if a}
 

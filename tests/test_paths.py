@@ -105,7 +105,7 @@ def test_model_directory_config_in_a_bucket(gcs):
 
 
 def test_vocabularies_read_from_a_bucket(gcs):
-    from bert_jax.data.tokenization import load_tokenizer
+    from bert_jax.tokenization import load_tokenizer
     from tests.conftest import REPO
 
     vocab = REPO / "data_prep" / "bert_uncased_vocab.txt"

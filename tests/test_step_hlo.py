@@ -109,6 +109,64 @@ def test_counting_rule_on_handwritten_hlo():
         24576 / 1e12 + totals["other_bytes"] / 1e12 + 13e-6)
 
 
+def test_a_loop_without_a_known_trip_count_counts_its_condition_constant():
+    """A TPU compile's layer loops carry no known_trip_count: the trips are the constant
+    of the condition's `counter < N`; the same counts as with the backend config."""
+    tpu_style = HLO.replace(', backend_config={"known_trip_count":{"n":"3"}}', "")
+    assert "known_trip_count" not in tpu_style
+    kernels = _by_name(step_hlo.audit(tpu_style))
+    assert {n: k.count for n, k in kernels.items()} == {
+        "d": 1, "g": 1, "upd": 3, "next": 3, "lt": 4, "sl": 1}
+    # A condition of another form counts its body once.
+    other = tpu_style.replace("direction=LT", "direction=NE")
+    assert _by_name(step_hlo.audit(other))["upd"].count == 1
+    # GEMMs keep their bytes apart: the dot reads 512 + 2,048 B and writes 1,024 B.
+    d = _by_name(step_hlo.audit(HLO))["d"]
+    assert (d.bytes, d.all_bytes) == (0, 8 * 16 * 4 + 16 * 32 * 4 + 8 * 32 * 4)
+    assert d.traffic == (("f32[8,16]{1,0}", 512), ("f32[16,32]{1,0}", 2048),
+                         ("f32[8,32]{1,0}", 1024))
+    # A fusion's traffic array by array: the buffer it updates in place (not read), the
+    # row it reads, the index, the row it writes.
+    upd = _by_name(step_hlo.audit(HLO))["upd"]
+    assert upd.traffic == (("f32[3,4,8]{2,1,0}", 0), ("f32[4,8]{1,0}", 128), ("s32[]", 4),
+                           ("f32[1,4,8]{2,1,0}", 128)), upd.traffic
+
+
+# A TPU-style read of one layer's slice of a stacked [3, 4, 8] buffer: the dynamic-slice
+# sits in a fusion nested inside the kernel's fusion.
+NESTED_HLO = """HloModule nested_test
+
+%inner_slice (q0: f32[3,4,8], q1: s32[]) -> f32[1,4,8] {
+  %q0 = f32[3,4,8]{2,1,0} parameter(0)
+  %q1 = s32[] parameter(1)
+  %zq = s32[] constant(0)
+  ROOT %dsq = f32[1,4,8]{2,1,0} dynamic-slice(%q0, %q1, %zq, %zq), dynamic_slice_sizes={1,4,8}
+}
+
+%outer (p0: f32[3,4,8], p1: s32[]) -> f32[4,8] {
+  %p0 = f32[3,4,8]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %nested = f32[1,4,8]{2,1,0} fusion(%p0, %p1), kind=kLoop, calls=%inner_slice
+  %c = f32[1,4,8]{2,1,0} copy(%nested)
+  ROOT %r = f32[4,8]{1,0} bitcast(%c)
+}
+
+ENTRY %main (buf: f32[3,4,8], i: s32[]) -> f32[4,8] {
+  %buf = f32[3,4,8]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  ROOT %row = f32[4,8]{1,0} fusion(%buf, %i), kind=kLoop, calls=%outer, metadata={op_name="jit(f)/jvp(M)/row"}
+}
+"""
+
+
+def test_a_slice_read_inside_a_nested_fusion_counts_the_slice():
+    """One 128 B row of the 384 B buffer in, the row out, the index: not the whole buffer
+    (a rolled layer loop on TPU reads each layer's saved activations this way)."""
+    row = _by_name(step_hlo.audit(NESTED_HLO))["row"]
+    assert row.bytes == 128 + 4 + 128
+    assert row.traffic == (("f32[3,4,8]{2,1,0}", 128), ("s32[]", 4), ("f32[1,4,8]{2,1,0}", 128))
+
+
 # A loop fusion that converts and biases a bf16 [64, 100] table and gathers 8 of its rows'
 # elements (as the MLM loss takes its labels' logits); and one that also writes the whole
 # converted table.

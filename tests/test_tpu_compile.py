@@ -69,3 +69,52 @@ def test_training_step_compiles_for_a_tpu_slice(tpu_devices, attention, override
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     assert cost["flops"] > 0
+
+
+@pytest.mark.slow  # three compiles of a 4-layer tiny step for the v5e topology
+def test_tpu_estimate_counts_every_layer_of_the_loop(tpu_devices):
+    """step_hlo's TPU estimate: XLA's cost analysis counts the rolled layer loop's body
+    once; the correction from a second compile (two layers a trip) gives the FLOPs of the
+    same step compiled with every layer unrolled, and the audit's trip counts (no
+    known_trip_count on TPU: the condition's constant) find as many attention products in
+    the rolled program as in the unrolled one. The report's lines end in the estimate."""
+    from benchmarks import step_hlo, tpu_roofline
+
+    seq, layers, compiles = 256, 4, {}  # hidden 128: no other array has two dims of 256
+
+    def compiled(unroll):
+        if unroll not in compiles:
+            config = load_config("configs/bert_tiny.py", {
+                **OVERRIDES, "model.num_hidden_layers": layers, "model.scan_layers": True,
+                "model.attention": "xla"})
+            with config.unlocked():
+                config.model.scan_unroll = unroll
+            lowered, mcfg = compiled_step.lower_step(config, 8, seq, 39, tpu_devices,
+                                                     config_mesh=True)
+            compiles[unroll] = lowered.compile(), mcfg
+        return compiles[unroll]
+
+    rolled, mcfg = compiled(1)
+    assert mcfg.unroll_for("tpu") == 1
+    cost, how = tpu_roofline.step_cost(rolled, mcfg, lambda u: compiled(u)[0])
+    assert f"counted {layers} times" in how
+    flat = compiled(0)[0]
+    unrolled = tpu_roofline.xla_cost(flat)
+    once = tpu_roofline.xla_cost(rolled)
+    assert once["flops"] < 0.6 * unrolled["flops"]  # the body counted once: far too few
+    assert cost["flops"] == pytest.approx(unrolled["flops"], rel=0.03)
+
+    def products(text):
+        return sum(k.count for k in tpu_roofline.square_kernels(step_hlo.audit(text), seq)
+                   if k.kind == "gemm")
+
+    text = rolled.as_text()
+    n = products(text)
+    assert n >= 6 * layers and n % layers == 0, n  # 2 forward, 4 backward at least
+    assert n == products(flat.as_text())
+    assert [t for _, t in step_hlo.while_loops(text)] == [layers, layers]
+    lines = tpu_roofline.report(rolled, mcfg, tpu_devices, 2, seq, step_hlo.audit(text),
+                                lambda u: compiled(u)[0], step_hlo.while_loops(text))
+    assert lines[0].startswith("chip: TPU v5e, 1 device(s) per chip"), lines[0]
+    assert f"loops: 2 over the layers ({layers}, {layers} trips)" in lines
+    assert lines[-1].startswith("estimate: ") and "sequences/s per chip" in lines[-1], lines

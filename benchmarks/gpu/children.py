@@ -19,7 +19,7 @@ import sys
 import time
 import traceback
 
-from .common import REPO, RESULT_PREFIX, SCRIPT, SMOKE_CONFIG, exc_line, one_line
+from .common import REPO, RESULT_PREFIX, SCRIPT, exc_line, one_line
 
 VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "torch", "transformers",
              "ml_collections", "numpy")
@@ -29,7 +29,9 @@ VERSIONED = ("jax", "jaxlib", "flax", "optax", "orbax.checkpoint", "torch", "tra
 
 def run_child(spec: dict) -> None:
     """Runs the child of `spec["kind"]` and prints its result line (with its one-line error
-    when it raised, and the TensorFlow modules it loaded)."""
+    when it raised, and the TensorFlow modules it loaded). spec["t0"] is the child's start,
+    before it imports jax or torch: the children time their first step from it."""
+    spec["t0"] = time.perf_counter()
     from . import jax_child, kernel_check, torch_child
 
     fn = {"info": child_info, "jax": jax_child.run, "torch": torch_child.run,
@@ -47,25 +49,6 @@ def run_child(spec: dict) -> None:
 
 def tf_modules() -> list:
     return sorted(m for m in sys.modules if m == "tensorflow" or m.startswith("tensorflow."))[:5]
-
-
-def case_config(spec: dict):
-    """The case's config (locked as load_config leaves it), smoke-shrunk, with the
-    variant's model overrides applied."""
-    from bert_jax.train.config import load_config
-
-    config = load_config(spec["config"])
-    if spec.get("smoke"):
-        real = config
-        config = load_config(SMOKE_CONFIG)
-        with config.unlocked():
-            for key in ("scan_layers", "scan_unroll", "remat"):
-                if key in real.model:
-                    config.model[key] = real.model[key]
-    with config.unlocked():
-        for key, value in spec.get("overrides", {}).items():
-            config.model[key] = value
-    return config
 
 
 def child_info(spec: dict, info: dict) -> dict:

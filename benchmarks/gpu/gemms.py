@@ -12,7 +12,11 @@ optimized HLO (`compiled.as_text()`), read from their backend_config:
                       CPU host gives every GEMM 16x8 or 8x16 output tiles, 2 warps, 1 stage.
   cuDNN               fusions of kind __cudnn$fusion: autotuned when a plan_id was chosen.
 
-gemm_census(text) -> {"gemms", "autotuned", "by_backend": {backend: n}, "configs":
+A GEMM is FP8 when it takes FP8 operands: a cuBLASLt call whose target or shapes name an
+f8 type (XLA's `__cublas$lt$matmul$f8`), or a fusion whose computation holds one (an FP8
+model that XLA left in bf16 shows 0 of them).
+
+gemm_census(text) -> {"gemms", "autotuned", "fp8", "by_backend": {backend: n}, "configs":
 {"backend config": n}}; summary() is the report's one line for it."""
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections import Counter
 _CALLS = re.compile(r"calls=(%[\w.\-]+)")
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _COMPUTATION = re.compile(r"^(?:ENTRY )?(%[\w.\-]+) \(")
+_FP8 = re.compile(r"\bf8e\d|\$f8\b")  # f8e4m3fn[..], f8e5m2[..], __cublas$lt$matmul$f8
 
 
 def _backend_config(line: str) -> dict | None:
@@ -125,9 +130,18 @@ def _fallback(m: int, n: int, warps: int, stages: int) -> bool:
     return max(m, n) <= 16 and warps <= 2 and stages <= 1
 
 
+def is_fp8(line: str, comps: dict) -> bool:
+    """Whether a GEMM instruction's line (before its backend config) or, for a fusion, its
+    computation names an FP8 type."""
+    if _FP8.search(line.split("backend_config=", 1)[0]):
+        return True
+    calls = _CALLS.search(line)
+    return bool(calls) and any(_FP8.search(x) for x in comps.get(calls.group(1), []))
+
+
 def gemm_census(text: str) -> dict:
     comps = _computations(text)
-    by_backend, configs, tuned, total = Counter(), Counter(), 0, 0
+    by_backend, configs, tuned, total, fp8 = Counter(), Counter(), 0, 0, 0
     for lines in comps.values():
         for line in lines:
             got = classify(line, comps)
@@ -136,14 +150,16 @@ def gemm_census(text: str) -> dict:
             backend, autotuned, label = got
             total += 1
             tuned += bool(autotuned)
+            fp8 += is_fp8(line, comps)
             by_backend[backend] += 1
             configs[label] += 1
-    return {"gemms": total, "autotuned": tuned, "by_backend": dict(by_backend),
+    return {"gemms": total, "autotuned": tuned, "fp8": fp8, "by_backend": dict(by_backend),
             "configs": dict(configs.most_common())}
 
 
 def summary(census: dict | None, top: int = 4) -> str:
-    """'n of m (cublas a, triton b); triton 128x128x64 w8 s4 x12, ...' or why there is none."""
+    """'n of m (cublas a, triton b)[; FP8 f of m]; triton 128x128x64 w8 s4 x12, ...' or
+    why there is none."""
     if not census:
         return "-"
     if "error" in census:
@@ -154,4 +170,5 @@ def summary(census: dict | None, top: int = 4) -> str:
     configs = list(census["configs"].items())
     shown = ", ".join(f"{c} x{n}" for c, n in configs[:top])
     more = f", +{len(configs) - top} more" if len(configs) > top else ""
-    return f"{census['autotuned']} of {census['gemms']} ({backends}); {shown}{more}"
+    fp8 = f"; FP8 {census['fp8']} of {census['gemms']}" if census.get("fp8") else ""
+    return f"{census['autotuned']} of {census['gemms']} ({backends}){fp8}; {shown}{more}"

@@ -1,10 +1,16 @@
 """The bert_jax child: the case's jitted, sharded pre-training step as
 benchmarks/pretrain_step.build makes it (as benchmarks/train_step.py does) with
-model.dtype = the spec's dtype and float32 params / AdamW state. Timing: `warmup` untimed
-steps, then the median of `steps` steps, each followed by jax.block_until_ready. With a
-profile_dir, `profile_steps` more steps are traced afterwards (a failed trace keeps the
-figures). The compiled step's GEMM kernels are counted from its optimized HLO (gemms.py):
-how many carry autotuned algorithms or tiles."""
+model.dtype = the spec's dtype and float32 params / AdamW state, on synthetic full-length
+rows or, for a packed case (spec["packed"] = K), on the held-out sample's packed rows
+(packed.py). Timing: `warmup` untimed steps, then the median of `steps` steps, each
+followed by jax.block_until_ready. The first step's end is also timed from the child's
+start (first_step_s: imports, device start, state init, compile and one step: what a user
+waits for). Throughput counts the batches' real work (metrics.input_stats): sequences and
+non-padding tokens a second, MFU of the real sequences' model FLOPs; on full-length rows
+these are rows/s, rows x length and the usual MFU. With a profile_dir, `profile_steps`
+more steps are traced afterwards (a failed trace keeps the figures). The compiled step's
+GEMM kernels are counted from its optimized HLO (gemms.py): how many carry autotuned
+algorithms or tiles, and how many take FP8 operands."""
 
 from __future__ import annotations
 
@@ -12,8 +18,8 @@ import statistics
 import time
 import traceback
 
-from .children import case_config
-from .common import GIB, exc_line
+from . import packed
+from .common import GIB, case_config, exc_line
 from .gemms import gemm_census
 
 
@@ -21,7 +27,7 @@ def run(spec: dict, out: dict) -> dict:
     import jax
     import numpy as np
 
-    from bert_jax.models.backend import platform_name
+    from bert_jax.models.kernels.backend import platform_name
     from bert_jax.models.config import from_config_dict
     from pretrain_step import build, step_config
 
@@ -35,7 +41,13 @@ def run(spec: dict, out: dict) -> dict:
     mcfg = from_config_dict(config.model)
     describe(config, mcfg, dev.platform, out)
     out["scan_unroll"] = mcfg.unroll_for(platform_name(dev.platform))  # what "auto" ran as
-    built = build(config, spec["batch"], spec["seq"], spec["preds"], dropout=True)
+    host = None
+    if spec.get("packed"):
+        rows = packed.heldout_rows(spec["seq"], spec["preds"], spec["packed"])
+        host = packed.batches(rows, spec["batch"])
+        out["heldout_rows"] = len(rows["input_ids"])
+    built = build(config, spec["batch"], spec["seq"], spec["preds"], dropout=True,
+                  host_batches=host)
     out["compile_s"], out["init_s"] = built["compile_s"], built["init_s"]
     try:
         mem = built["compiled"].memory_analysis()
@@ -75,7 +87,7 @@ def describe(config, mcfg, plat: str, out: dict) -> None:
 def attention_route(config, mcfg, plat: str) -> tuple:
     """The path the dispatch resolves config.model.attention to for a training step with
     dropout, and None; or "error" and why."""
-    from bert_jax.models import attention_ops
+    from bert_jax.models.kernels import attention as attention_ops
 
     impl = config.model.get("attention", "auto")
     try:
@@ -85,8 +97,10 @@ def attention_route(config, mcfg, plat: str) -> tuple:
 
 
 def time_steps(built: dict, spec: dict, mcfg, out: dict):
-    """Warmup, then the timed steps; fills loss, ms_per_step, seq_per_s, mfu, step_ms and
-    the FLOPs figures. Returns the state after them."""
+    """Warmup (its first step also timed from the child's start: first_step_s), then the
+    timed steps; fills loss, ms_per_step, seq_per_s (real sequences), tokens_per_s (real
+    tokens), rows_per_s, mfu (of the real sequences' model FLOPs), step_ms, the batches'
+    padding and sequences per row, and the FLOPs figures. Returns the state after them."""
     import jax
 
     from bert_jax.train import metrics as metrics_lib
@@ -96,6 +110,10 @@ def time_steps(built: dict, spec: dict, mcfg, out: dict):
     m = None
     for i in range(spec["warmup"]):
         state, m = compiled(state, batches[i % 2], rng)
+        if i == 0:
+            jax.block_until_ready((state, m))
+            if "t0" in spec:
+                out["first_step_s"] = time.perf_counter() - spec["t0"]
     jax.block_until_ready(state)
     times = []
     for i in range(spec["steps"]):
@@ -110,10 +128,18 @@ def time_steps(built: dict, spec: dict, mcfg, out: dict):
         step_s = statistics.median(times)
         flops = metrics_lib.model_flops_per_example(mcfg, s, p, nsp=built["model"].nsp)
         peak, source = metrics_lib.peak_flops_per_device()
-        perf = metrics_lib.throughput(step_s, b, s, flops, peak, jax.device_count())
-        out.update(ms_per_step=1e3 * step_s, seq_per_s=perf["perf/seq_per_s"],
-                   mfu=perf["perf/mfu"], step_ms=[1e3 * t for t in times],
-                   flops_per_example=flops, peak_flops=peak, peak_source=source)
+        # The timed steps alternate the two batches: their mean is the work of a step.
+        work = [packed.stats(jax.device_get(x)) for x in batches]
+        mean = {k: sum(w[k] for w in work) / len(work) for k in work[0]}
+        real = metrics_lib.real_token_metrics(
+            mean, rows=b, seq_len=s, config=mcfg, nsp=built["model"].nsp, step_time=step_s,
+            peak_per_device=peak, num_devices=jax.device_count())
+        out.update(ms_per_step=1e3 * step_s, seq_per_s=mean["input/sequences"] / step_s,
+                   rows_per_s=b / step_s, tokens_per_s=real["perf/real_tokens_per_s"],
+                   mfu=real["perf/real_mfu"], padding=real["data/padding_fraction"],
+                   sequences_per_row=real["data/sequences_per_row"],
+                   step_ms=[1e3 * t for t in times], flops_per_example=flops,
+                   peak_flops=peak, peak_source=source)
     return state
 
 

@@ -3,11 +3,14 @@ reference on this device. The Pallas kernel with dropout (its hash masks must be
 reference's) and without; on a GPU, cuDNN without dropout. Outputs and q / k / v gradients,
 with padding, float32 and bfloat16; each as max |diff| / max |reference| over the real
 query rows. Then the other Pallas kernels against the expressions they replace: the
-residual + LayerNorm (models/norm_ops.py, with and without dropout) and the FFN's bias +
-GELU backward pass (models/gelu_ops.py), outputs and every input's gradient. On a GPU, last,
-cuDNN with its own dropout (benchmarks/attention_masks.py): padded and packed rows, output and
-gradients against the XLA path given the mask read back, and the masks' statistics (a failed
-one is the row's error)."""
+residual + LayerNorm (models/kernels/residual_norm.py, with and without dropout) and the
+FFN's bias + GELU backward pass (models/kernels/gelu.py), outputs and every input's
+gradient. On a GPU, last, cuDNN with its own dropout (benchmarks/attention_masks.py), as
+`model.attention=cudnn` trains with it: padded and packed rows (both packed layouts),
+output and gradients against the XLA path given the mask read back, and the masks'
+statistics (a failed one is the row's error); --skip_mask_check leaves these out when
+attention_masks.py ran just before. On CPU (--smoke) the same rows check a stand-in kernel
+(the XLA path with the hash dropout), so that their code has run before a GPU session."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ def run(spec: dict, out: dict) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models import backend
+    from bert_jax.models.kernels import backend
 
     plat = backend.platform_name(jax.devices()[0].platform)
     b, n, h, d = (2, 32, 2, 16) if spec.get("smoke") else (4, 128, 16, 64)
@@ -48,9 +51,12 @@ def run(spec: dict, out: dict) -> dict:
             except Exception as e:  # noqa: BLE001 - reported, the suite goes on
                 row["error"] = exc_line(e)
             checks.append(row)
-    if plat == "gpu":  # cuDNN's own dropout: its masks read back (attention_masks.py)
+    if plat == "gpu" and not spec.get("skip_masks"):  # cuDNN's own dropout, read back
         import attention_masks  # benchmarks/, on sys.path as gpu_suite.py runs this
         checks += attention_masks.kernel_check_rows(small=bool(spec.get("smoke")))
+    elif spec.get("smoke") and not spec.get("skip_masks"):  # CPU: the same rows' code
+        import attention_masks
+        checks += attention_masks.kernel_check_rows(small=True, standin=True)
     out["checks"] = checks
     out["shape"] = [b, n, h, d]
     return out
@@ -61,7 +67,7 @@ def compare(path: str, rate: float, qkv: tuple, cot, mask, lengths) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models.attention_ops import xla as xla_attention
+    from bert_jax.models.kernels.attention import xla as xla_attention
 
     drop_key = jax.random.PRNGKey(11)
     fused = fused_attention(path, rate, mask, drop_key)
@@ -101,8 +107,8 @@ def fused_attention(path: str, rate: float, mask, drop_key):
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models import attention_ops
-    from bert_jax.models.attention_ops import pallas_flash
+    from bert_jax.models.kernels import attention as attention_ops
+    from bert_jax.models.kernels.attention import pallas_flash
     from bert_jax.models.dropout import Dropout
 
     def fused(q, k, v):
@@ -126,7 +132,7 @@ def compare_layer_kernel(path: str, rate: float, dtype: str, small: bool = False
     import jax
     import jax.numpy as jnp
 
-    from bert_jax.models import gelu_ops, norm_ops
+    from bert_jax.models.kernels import gelu as gelu_ops, residual_norm as norm_ops
     from bert_jax.models.dropout import draw_seeds, hash_dropout
     from bert_jax.models.layers import LayerNorm
 

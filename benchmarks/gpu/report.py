@@ -12,16 +12,25 @@ TIMEOUT[n] / SKIP[n], its one-line error is note [n] under the table):
 
   case, variant      the case and the model overrides of the row ("default": the config's).
   attention          config.model.attention -> the path the dispatch resolves it to for a
-                     training step with dropout (bert_jax.models.attention_ops.resolve).
+                     training step with dropout (bert_jax.models.kernels.attention.resolve).
   remat              config.model.remat (what each layer keeps for the backward pass),
                      "+scan" when the layers are scanned.
   jax ms, jax seq/s  bert_jax's jitted, sharded train step (benchmarks/pretrain_step.build,
                      as benchmarks/train_step.py builds it) with model.dtype=--dtype and
-                     float32 params / AdamW state: median step time and batch / step time.
-  MFU                model FLOPs (bert_jax.train.metrics.model_flops_per_example: the
-                     encoder, pooler, NSP and the MLM head on the predicted rows
-                     only) per second over the device's bf16 peak (metrics.
-                     peak_flops_per_device; on CPU a measured float32 matmul ceiling).
+                     float32 params / AdamW state: median step time and sequences / step
+                     time (rows / step time but for packed rows, which hold several).
+  tok/s              real (non-padding) tokens a second: rows x length / step time but for
+                     packed rows (metrics.input_stats of the row's batches).
+  MFU                model FLOPs of the real sequences (bert_jax.train.metrics.model_flops:
+                     the encoder over each sequence's own length, pooler, NSP and the MLM
+                     head on the predicted positions only) per second over the device's
+                     bf16 peak (metrics.peak_flops_per_device; on CPU a measured float32
+                     matmul ceiling).
+  1st step s         seconds from the row's child process starting (before it imports jax)
+                     to the end of its first step: imports, device start, state init,
+                     compile and one step, what a user waits for before the first log
+                     line. Torch rows' figures (and bert_jax's init / compile split) are
+                     on the "first step" lines under the table.
   torch ms, seq/s    HF transformers BertForPreTraining (same sizes, attn_implementation=
                      "sdpa", dropout on, float32 master weights under torch.autocast bf16,
                      torch.optim.AdamW(fused=True) with the config's betas / eps / weight
@@ -32,12 +41,15 @@ TIMEOUT[n] / SKIP[n], its one-line error is note [n] under the table):
   compile seq/s      the same with torch.compile(model) (forward + backward compiled; the
                      fused AdamW step stays eager), only for --compile_cases.
   jax/eager, jax/compile   throughput ratios, bert_jax seq/s over torch's: > 1 = bert_jax
-                     is faster.
+                     is faster. Packed cases have no torch rows (n/a).
 
-Under the table, a "GEMMs autotuned: <case> <variant>: n of m" line per bert_jax row: of the
-m GEMM kernels in the row's optimized HLO, how many carry an autotuned cuBLAS algorithm,
-Triton tiles other than XLA's untuned fallback, or a cuDNN plan, and the commonest configs
-(gemms.py). 0 of m on a GPU means the compile did not autotune.
+Under the table, per case a "first step" line (every row's 1st step s; bert_jax's init and
+compile seconds; torch.compile's first step alone), per packed case its rows (sequences
+per row, padding, held-out rows), and a "GEMMs autotuned: <case> <variant>: n of m" line
+per bert_jax row: of the m GEMM kernels in the row's optimized HLO, how many carry an
+autotuned cuBLAS algorithm, Triton tiles other than XLA's untuned fallback, or a cuDNN
+plan, how many take FP8 operands, and the commonest configs (gemms.py). 0 of m on a GPU
+means the compile did not autotune.
 
 Variant rows show bert_jax's cells only; their ratios use the case's torch cells. Figures
 compare only within one run on one card: quote the two frameworks' numbers, and the
@@ -54,8 +66,9 @@ import sys
 from . import gemms
 from .children import VERSIONED
 
-TABLE_HEAD = ["case", "variant", "attention", "remat", "jax ms", "jax seq/s", "MFU",
-              "torch ms", "torch seq/s", "compile seq/s", "jax/eager", "jax/compile"]
+TABLE_HEAD = ["case", "variant", "attention", "remat", "jax ms", "jax seq/s", "tok/s", "MFU",
+              "1st step s", "torch ms", "torch seq/s", "compile seq/s", "jax/eager",
+              "jax/compile"]
 
 
 class Report:
@@ -85,7 +98,7 @@ def header(report: Report, info: dict, args, argv: list) -> None:
                                  dtype=args.dtype, smoke=args.smoke,
                                  date=datetime.datetime.now().isoformat(timespec="seconds"))
     report.print("== bert_jax GPU suite" + (" (--smoke: CPU, tiny sizes)" if args.smoke else "")
-                 + " ==")
+                 + (f", part {args.part} of 2" if getattr(args, "part", None) else "") + " ==")
     report.print("command: " + shlex.join(["python", sys.argv[0]] + argv))
     report.print(f"date: {report.data['header']['date']}; host {info.get('host')}; "
                  f"python {info.get('python')}")
@@ -113,7 +126,8 @@ def kernel_checks(report: Report, check: dict) -> None:
                  "max |diff| / max |reference| of the output and of the q/k/v gradients "
                  "(float32 dots may run as TF32 on a GPU); then residual_norm and gelu, "
                  "the residual + LayerNorm and GELU-backward kernels, against their XLA "
-                 "expressions (every input's gradient) ==")
+                 "expressions (every input's gradient); then cuDNN with its own dropout "
+                 "(benchmarks/attention_masks.py: its masks read back; on CPU a stand-in) ==")
     if "error" in check:
         report.print(f"check failed: {check['error']}")
     for c in check.get("checks", []):
@@ -138,6 +152,8 @@ def results(report: Report, rows: list, cases: list, info: dict, steps: int) -> 
                  "(> 1: bert_jax faster) ==")
     table, notes = render_table(rows, cases)
     for line in table + notes:
+        report.print(line)
+    for line in first_step_lines(rows, cases) + packed_lines(rows, cases):
         report.print(line)
     for r in rows:
         if r["kind"] == "bert_jax":
@@ -188,10 +204,12 @@ def describe_jax(r: dict) -> str:
     if "error" in r:
         return f"ERROR {r['error']}"
     return (f"{fmt(r.get('ms_per_step'), '.1f')} ms/step, {fmt(r.get('seq_per_s'), '.1f')} "
-            f"seq/s, MFU {fmt(100 * r['mfu'] if 'mfu' in r else None, '.1f')}%, attention "
+            f"seq/s, {fmt(r.get('tokens_per_s'), ',.0f')} tok/s, MFU "
+            f"{fmt(100 * r['mfu'] if 'mfu' in r else None, '.1f')}%, attention "
             f"{r.get('attention')}->{r.get('attention_resolved')}, remat {r.get('remat')}"
-            f"{layers_tag(r)}; init {fmt(r.get('init_s'), '.1f')} s, compile "
-            f"{fmt(r.get('compile_s'), '.1f')} s, temp {fmt(r.get('temp_gib'), '.2f')} GiB, peak {fmt(r.get('peak_gib'), '.2f')}"
+            f"{layers_tag(r)}; first step {fmt(r.get('first_step_s'), '.1f')} s (init "
+            f"{fmt(r.get('init_s'), '.1f')} s, compile {fmt(r.get('compile_s'), '.1f')} s), "
+            f"temp {fmt(r.get('temp_gib'), '.2f')} GiB, peak {fmt(r.get('peak_gib'), '.2f')}"
             f" GiB, loss {fmt(r.get('loss'), '.3f')}")
 
 
@@ -200,8 +218,46 @@ def describe_torch(r: dict) -> str:
         return f"ERROR {r['error']}"
     return (f"{fmt(r.get('ms_per_step'), '.1f')} ms/step, {fmt(r.get('seq_per_s'), '.1f')} "
             f"seq/s ({r.get('attn_implementation')}, autocast {r.get('autocast')}, fused "
-            f"AdamW {r.get('fused_adamw')}); first step {fmt(r.get('first_step_s'), '.1f')} s, "
-            f"peak {fmt(r.get('peak_gib'), '.2f')} GiB, loss {fmt(r.get('loss'), '.3f')}")
+            f"AdamW {r.get('fused_adamw')}); first step {fmt(r.get('first_step_s'), '.1f')} s "
+            f"(the step alone {fmt(r.get('compile_step_s'), '.1f')} s), peak "
+            f"{fmt(r.get('peak_gib'), '.2f')} GiB, loss {fmt(r.get('loss'), '.3f')}")
+
+
+def first_step_lines(rows: list, cases: list) -> list:
+    """Per case: every row's seconds from its child's start to its first step's end."""
+    names = {"bert_jax": "bert_jax", "torch_eager": "HF torch eager",
+             "torch_compile": "HF torch.compile"}
+    out = []
+    for case in cases:
+        parts = []
+        for r in (r for r in rows if r["case"] == case):
+            name = names[r["kind"]] + (f" {r['variant']}" if r["kind"] == "bert_jax" else "")
+            if r.get("first_step_s") is None:
+                parts.append(f"{name} -")
+            elif r["kind"] == "bert_jax":
+                parts.append(f"{name} {r['first_step_s']:.1f} s (init {fmt(r.get('init_s'), '.1f')}"
+                             f", compile {fmt(r.get('compile_s'), '.1f')})")
+            else:
+                parts.append(f"{name} {r['first_step_s']:.1f} s (the step alone "
+                             f"{fmt(r.get('compile_step_s'), '.1f')})")
+        if parts:
+            out.append(f"first step, {case}: " + "; ".join(parts))
+    return out
+
+
+def packed_lines(rows: list, cases: list) -> list:
+    """Per packed case: what its rows hold (from its default row)."""
+    out = []
+    for case in cases:
+        r = next((r for r in rows if r["case"] == case and r["kind"] == "bert_jax"
+                  and r.get("packed") and "sequences_per_row" in r), None)
+        if r:
+            out.append(f"{case}: {r['batch']} rows of {r['seq']} tokens a step, packed with up "
+                       f"to {r['packed']} sequences of the held-out sample "
+                       f"({r.get('heldout_rows', '?')} rows): {r['sequences_per_row']:.2f} "
+                       f"sequences per row, {100 * r['padding']:.1f}% padding in the timed "
+                       f"batches")
+    return out
 
 
 def ratio(a: dict | None, b: dict | None) -> str:
@@ -218,9 +274,13 @@ def render_table(rows: list, cases: list) -> tuple[list, list]:
         eager = next((r for r in rows if r["case"] == case and r["kind"] == "torch_eager"), None)
         comp = next((r for r in rows if r["case"] == case and r["kind"] == "torch_compile"), None)
         jax_rows = [r for r in rows if r["case"] == case and r["kind"] == "bert_jax"]
+        packed = any(r.get("packed") for r in jax_rows)
         for i, r in enumerate(jax_rows):
             cells = jax_cells(r, notes)
-            cells += torch_cells(case, eager, comp, notes) if i == 0 else ["", "", ""]
+            if packed:  # no torch rows
+                cells += ["n/a", "n/a", "n/a"] if i == 0 else ["", "", ""]
+            else:
+                cells += torch_cells(case, eager, comp, notes) if i == 0 else ["", "", ""]
             body.append(cells + [ratio(r, eager), ratio(r, comp)])
     widths = [max(len(str(row[i])) for row in [TABLE_HEAD] + body)
               for i in range(len(TABLE_HEAD))]
@@ -234,15 +294,18 @@ def render_table(rows: list, cases: list) -> tuple[list, list]:
 
 
 def jax_cells(r: dict, notes: Notes) -> list:
-    """case, variant, attention, remat, jax ms, jax seq/s, MFU of a bert_jax row."""
+    """case, variant, attention, remat, jax ms, jax seq/s, tok/s, MFU, 1st step s of a
+    bert_jax row."""
     tag = notes.cell(r, f"{r['case']} bert_jax {r['variant']}")
     cells = [r["case"], r["variant"],
              f"{r.get('attention', '?')}->{r.get('attention_resolved', '?')}",
              f"{r.get('remat', '?')}{layers_tag(r)}"]
     if tag:
-        return cells + [tag, "-", "-"]
+        return cells + [tag, "-", "-", "-", fmt(r.get("first_step_s"), ".1f")]
     return cells + [fmt(r.get("ms_per_step"), ".1f"), fmt(r.get("seq_per_s"), ".1f"),
-                    fmt(100 * r["mfu"] if "mfu" in r else None, ".1f") + "%"]
+                    fmt(r.get("tokens_per_s"), ".0f"),
+                    fmt(100 * r["mfu"] if "mfu" in r else None, ".1f") + "%",
+                    fmt(r.get("first_step_s"), ".1f")]
 
 
 def torch_cells(case: str, eager: dict | None, comp: dict | None, notes: Notes) -> list:

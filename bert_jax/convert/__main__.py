@@ -38,9 +38,9 @@ import time
 from bert_jax import cli
 from bert_jax.convert import hf_files, model_dir, savedmodel, sources, verify
 from bert_jax.convert import tf as tfc
-from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import UserError
 from bert_jax.models.params import count_params
+from bert_jax.tokenization import load_tokenizer
 
 
 def _vocab_check(vocab_file, config, what):

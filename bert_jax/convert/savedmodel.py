@@ -26,12 +26,12 @@ import numpy as np
 
 from bert_jax import paths
 from bert_jax.convert import sources
-from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import ReportedError
 from bert_jax.models import bert as models
-from bert_jax.models import gelu_ops
 from bert_jax.models import layers
 from bert_jax.models.config import BertConfig
+from bert_jax.models.kernels import gelu as gelu_kernel
+from bert_jax.tokenization import load_tokenizer
 
 HEADS = ("encoder", "pretraining", "sequence", "token", "qa", "choice")
 HEAD_OUTPUTS = {
@@ -167,7 +167,7 @@ def head_function(head: str, config: BertConfig, params: Mapping
 def erf_rational(x):
     """erf from multiplies and one divide (Eigen's and XLA's float32 rational form, the one
     the GELU backward kernel uses): no chlo.erf in the exported program."""
-    return gelu_ops.erf_f32(x.astype(jnp.float32)).astype(x.dtype)
+    return gelu_kernel.erf_f32(x.astype(jnp.float32)).astype(x.dtype)
 
 
 def _gelu_rational(x):
@@ -331,7 +331,7 @@ def require_tensorflow_text():
 
 # --- the tokenizer in the graph ---------------------------------------------------------
 
-# bert_jax.data.tokenization's WordPiece (tokenizers' BertNormalizer + BertPreTokenizer +
+# bert_jax.tokenization's WordPiece (tokenizers' BertNormalizer + BertPreTokenizer +
 # WordPiece), rebuilt from TensorFlow and tensorflow-text ops that TF Serving links:
 # - clean text: control and format characters removed, every separator a space;
 _REMOVED = r"[\x{0}-\x{8}\x{B}\x{C}\x{E}-\x{1F}\x{7F}-\x{9F}\x{FFFD}\p{Cf}\p{Co}]"

@@ -19,9 +19,9 @@ from bert_jax.convert import sources, tf_reference
 from bert_jax.convert import tf as tfc
 from bert_jax.convert.extract import Example, encode_example
 from bert_jax.convert.hf_files import open_weights
-from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.models.bert import BertForPreTraining, BertModel
 from bert_jax.models.config import BertConfig
+from bert_jax.tokenization import load_tokenizer
 
 # Sample text: singles and pairs of different lengths, so that padding is exercised.
 SAMPLES = [

@@ -14,6 +14,7 @@
   inspect.py       the data doctor: `python -m bert_jax.data.inspect --input=GLOB`
   features.py      the original pre-training feature format and the packed-row one
                    (data_prep --pack), shared with data_prep
-  tokenization.py  WordPiece / SentencePiece tokenizers
-  task_readers.py, tasks_input.py   fine-tuning data (GLUE / SQuAD / NER) and its batches
+
+Pre-training input only: the tokenizers are bert_jax/tokenization.py (every caller's), each
+fine-tuning task's data is under bert_jax/tasks/.
 """

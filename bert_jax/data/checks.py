@@ -23,7 +23,7 @@ import numpy as np
 
 from bert_jax.data import features as features_lib
 from bert_jax.data.features import DataCheckError, files_named
-from bert_jax.data.tokenization import check_unk_rate
+from bert_jax.tokenization import check_unk_rate
 
 MAX_LINES = 20
 

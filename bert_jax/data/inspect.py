@@ -37,7 +37,8 @@ from absl import app, flags  # noqa: E402
 
 from bert_jax.data import checks  # noqa: E402
 from bert_jax.data import features as features_lib  # noqa: E402
-from bert_jax.data import pretrain, shards, tokenization  # noqa: E402
+from bert_jax import tokenization  # noqa: E402
+from bert_jax.data import pretrain, shards  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("input", None, "Comma-separated TFRecord glob(s).")

@@ -42,7 +42,7 @@ import ml_collections
 
 from bert_jax.data import checks, features, synthetic
 from bert_jax.data.features import DataCheckError
-from bert_jax.data.tokenization import vocab_info
+from bert_jax.tokenization import vocab_info
 
 log = logging.getLogger(__name__)
 

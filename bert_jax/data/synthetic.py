@@ -17,7 +17,7 @@ from typing import Iterator
 import numpy as np
 
 from bert_jax.data import state as state_lib
-from bert_jax.data.tokenization import vocab_info
+from bert_jax.tokenization import vocab_info
 
 
 def synthetic_batch(rng: np.random.Generator, local_batch: int, max_seq_length: int,

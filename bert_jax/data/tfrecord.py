@@ -54,7 +54,7 @@ from bert_jax.data import features as features_lib
 from bert_jax.data import masking
 from bert_jax.data.features import DataCheckError, files_named
 from bert_jax.data import state as state_lib
-from bert_jax.data.tokenization import vocab_info
+from bert_jax.tokenization import vocab_info
 from bert_jax.data.shards import (CorruptShardError, InputReadError, count_records,
                                   find_corrupt, short_error)
 

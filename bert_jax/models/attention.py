@@ -1,5 +1,5 @@
 """Multi-head self-attention: the projections, then one of the attention paths of
-`models/attention_ops` (chosen by `model.attention` and the platform)."""
+`models/kernels/attention/` (chosen by `model.attention` and the platform)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from bert_jax.models import attention_ops
 from bert_jax.models import fp8 as fp8_lib
-from bert_jax.models.attention_ops import xla as xla_attention
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
+from bert_jax.models.kernels import attention as attention_kernels
+from bert_jax.models.kernels.attention import xla as xla_attention
+from bert_jax.models.kernels.backend import platform
 from bert_jax.models.layers import DenseGeneral, add_bias, weight_init, zeros_init
 
 
@@ -25,14 +26,14 @@ class BertSelfAttention(nn.Module):
 
     Names for the remat policies (models/remat.py): "query", "key", "value" (projections,
     compute dtype) and "context" (the attention output before the output projection). On
-    a path that adds the Q, K, V biases itself (attention_ops.takes_biases: the Pallas
+    a path that adds the Q, K, V biases itself (attention_kernels.takes_biases: the Pallas
     kernel on GPU) the projections are handed over, and named, before their biases.
 
     Rotary positions (`position_embedding="rotary"`) rotate Q and K before the attention
     path, with the layer's base (`rope_theta`, or `local_rope_theta` in a local layer). A
     local layer (`BertConfig.layer_window`) attends keys within `local_attention // 2` of
-    the query: a band in the XLA path's mask; `window=` to `attention_ops.resolve` and
-    `attention_ops.fused` for the other paths (global layers call them without it)."""
+    the query: a band in the XLA path's mask; `window=` to `attention_kernels.resolve` and
+    `attention_kernels.fused` for the other paths (global layers call them without it)."""
 
     config: BertConfig
     deterministic: bool = True
@@ -45,9 +46,9 @@ class BertSelfAttention(nn.Module):
         positions (None: 0 .. length - 1). local: whether this is a sliding-window layer,
         a Python bool, or a traced <bool>[] under nn.scan (the layers then share one body).
         product_only: return the output projection's (product before its bias, float32
-        bias) instead of its output (models/norm_ops.py adds the bias in its kernel).
+        bias) instead of its output (models/kernels/residual_norm.py adds the bias in its kernel).
         layer: the layer's place in the stack, an int or under nn.scan a traced <int32>[]:
-        cuDNN's dropout takes a compile-time seed per layer (_cudnn_seeds)."""
+        cuDNN's dropout takes a compile-time seed per layer (cudnn_seeds)."""
         c = self.config
         drop = Dropout(rate=c.attention_probs_dropout_prob, impl=c.dropout_rng)
         training = not self.deterministic and c.attention_probs_dropout_prob > 0
@@ -61,8 +62,8 @@ class BertSelfAttention(nn.Module):
             if self.is_initializing():
                 return "xla"
             kw = {"window": w} if w else {}
-            return attention_ops.resolve(c.attention, attention_ops.platform(), c, training,
-                                         packed=packed, **kw)
+            return attention_kernels.resolve(c.attention, platform(), c, training,
+                                             packed=packed, **kw)
 
         # The paths this call may take: (impl,) or, for a traced local flag (nn.scan), the
         # local and the global layers' paths.
@@ -73,7 +74,7 @@ class BertSelfAttention(nn.Module):
         # biased copies are never written. Only where that is the same sum and rounding as
         # the add here (float32 bias, no rotation between the add and the kernel).
         defer = (c.use_bias and c.position_embedding != "rotary"
-                 and all(attention_ops.takes_biases(p) for p in paths)
+                 and all(attention_kernels.takes_biases(p) for p in paths)
                  and jnp.promote_types(c.compute_dtype, c.storage_dtype) == jnp.float32)
         # model.fp8: each projection's product through its own FP8 op (models/fp8.py).
         fp8_op = fp8_lib.op_class(c)
@@ -85,11 +86,11 @@ class BertSelfAttention(nn.Module):
             **{"dot_general_cls": fp8_op, **kw})
         biases = None
         # The Pallas kernel writes dQ, dK, dV as one array: then the projections' input
-        # gradient is one product against the three kernels stacked (_qkv_products), in the
+        # gradient is one product against the three kernels stacked (qkv_products), in the
         # compute dtype: not under model.fp8, whose three products are FP8 ops.
         pack_grads = (defer and not c.fused_qkv and not c.fp8 and not self.is_initializing()
-                      and all(attention_ops.packs_grads(p, x.shape[1], c.pallas_options,
-                                                        window) for p in paths))
+                      and all(attention_kernels.packs_grads(p, x.shape[1], c.pallas_options,
+                                                            window) for p in paths))
         if c.fused_qkv:
             q, k, v, biases = _fused_projection(proj, x, c.compute_dtype, defer)
         elif pack_grads:
@@ -124,14 +125,14 @@ class BertSelfAttention(nn.Module):
             kw = {"window": w} if w else {}  # global layers call it exactly as before
 
             def call(seed=0):
-                return attention_ops.fused(
+                return attention_kernels.fused(
                     impl, q, k, v, mask, dropout_rate=c.attention_probs_dropout_prob,
                     dropout_key=dropout_key, pallas_options=c.pallas_options,
                     biases=biases, packed_grads=pack_grads, cudnn_seed=seed, **kw)
 
             if impl != "cudnn" or dropout_key is None:
                 return call()
-            seeds = _cudnn_seeds(self.path, c.num_hidden_layers)
+            seeds = cudnn_seeds(self.path, c.num_hidden_layers)
             if layer is None or isinstance(layer, int):
                 return call(seeds[layer or 0])
             # A traced index (nn.scan): one branch per layer, each with its own seed, so
@@ -148,7 +149,7 @@ class BertSelfAttention(nn.Module):
             if local_impl == global_impl == "xla":  # the band lifted on global layers
                 ctx = attend("xla", window, local)
             elif "xla" in (local_impl, global_impl):
-                raise attention_ops.AttentionConfigError(
+                raise attention_kernels.AttentionConfigError(
                     f"scan_layers with local layers on {local_impl} and global ones on "
                     f"{global_impl}: set model.attention to one path for both, or "
                     f"scan_layers=False")
@@ -159,7 +160,7 @@ class BertSelfAttention(nn.Module):
                                    lambda: attend(global_impl, 0))
         # A kernel that names its output itself keeps it for its own backward pass: a second
         # name would keep a second copy.
-        if not all(attention_ops.names_context(p) for p in paths):
+        if not all(attention_kernels.names_context(p) for p in paths):
             ctx = checkpoint_name(ctx, "context")
         ctx = nn.with_logical_constraint(ctx, ("batch", "length", "heads", "kv"))
 
@@ -174,8 +175,8 @@ class BertSelfAttention(nn.Module):
         return out("output")(ctx)
 
 
-def _cudnn_seeds(path, layers: int) -> list[int]:
-    """cuDNN's dropout seeds (compile-time ints: attention_ops/cudnn.py) of the module at
+def cudnn_seeds(path, layers: int) -> list[int]:
+    """cuDNN's dropout seeds (compile-time ints: kernels/attention/cudnn.py) of the module at
     `path` as layer 0 .. layers - 1 of a stack: hashes of its names and the layer, so that
     every layer draws its own masks, scanned or not."""
     name = "/".join(map(str, path))
@@ -255,7 +256,7 @@ def _kernels_and_biases(proj, x, dtype):
 
 
 @jax.custom_vjp
-def _qkv_products(x, wq, wk, wv):
+def qkv_products(x, wq, wk, wv):
     """(x Wq, x Wk, x Wv), each as DenseGeneral computes its product (three GEMMs, outputs
     apart), whose input gradient is one product: dX = [dQ dK dV] [Wq Wk Wv]^T over the
     three stacked (and the kernels' gradients one product too). The stack of dQ, dK, dV is
@@ -266,7 +267,7 @@ def _qkv_products(x, wq, wk, wv):
 
 
 def _qkv_products_fwd(x, wq, wk, wv):
-    return _qkv_products(x, wq, wk, wv), (x, wq, wk, wv)
+    return qkv_products(x, wq, wk, wv), (x, wq, wk, wv)
 
 
 def _qkv_products_bwd(res, grads):
@@ -278,15 +279,15 @@ def _qkv_products_bwd(res, grads):
     return (dx, *(dw[:, i].astype(ws[i].dtype) for i in range(3)))
 
 
-_qkv_products.defvjp(_qkv_products_fwd, _qkv_products_bwd)
+qkv_products.defvjp(_qkv_products_fwd, _qkv_products_bwd)
 
 
 def _packed_projection(proj, x, dtype):
     """Q, K, V before their biases (DenseGeneral's products, as _unbiased_projection takes
-    them) through _qkv_products, and the float32 biases: (q, k, v, (q_bias, k_bias,
+    them) through qkv_products, and the float32 biases: (q, k, v, (q_bias, k_bias,
     v_bias)). Same parameters."""
     kernels, biases = _kernels_and_biases(proj, x, dtype)
-    q, k, v = _qkv_products(x.astype(dtype), *kernels)
+    q, k, v = qkv_products(x.astype(dtype), *kernels)
     return q, k, v, tuple(biases)
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from etils import epath
 
 from bert_jax.errors import UserError
-from bert_jax.models import backend
+from bert_jax.models.kernels import backend
 
 # Keys of Google's original bert_config.json, in the order the original tool writes them.
 ORIGINAL_KEYS = (
@@ -69,7 +69,7 @@ class BertConfig:
         before each LayerNorm, all in the compute dtype; the FFN and the attention scores
         are recomputed), minimal_ffn (minimal plus the FFN's pre-activation), or jax's
         dots_saveable / dots_with_no_batch_dims_saveable.
-      attention: the attention path (models/attention_ops): auto / xla / cudnn / pallas.
+      attention: the attention path (models/kernels/attention/): auto / xla / cudnn / pallas.
       fused_qkv: compute Q, K and V with one product against the three kernels stacked
         (parameters unchanged); False keeps three products (the XLA path's numerics).
       scan_layers: run the layer stack with `nn.scan` (params stacked on a leading
@@ -94,16 +94,16 @@ class BertConfig:
         pallas_bwd_num_warps, pallas_bwd_num_stages: those of the backward kernels alone
         (0: as the forward's).
         Run-time options: they change speed, never results (up to float summation order).
-      gelu_backward: the backward pass of the FFN's bias + exact GELU (models/gelu_ops.py):
+      gelu_backward: the backward pass of the FFN's bias + exact GELU (models/kernels/gelu.py):
         "auto" (one Pallas kernel on GPU under bfloat16 / float16 compute, with the FFN's
         second product in its backward pass under remat; else XLA's),
         "xla", or "pallas" (also on CPU, interpret mode: tests). Speed only: the kernel
         computes what jax's backward pass of that expression defines (bias gradient: the
         float32 sum of the rounded GELU gradient).
       residual_norm: each post-LN sublayer's end, bias + dropout + residual add + LayerNorm
-        (models/norm_ops.py): "auto" (one Pallas kernel each way on GPU under bfloat16 /
-        float16 compute with hash dropout and remat none; else XLA's), "xla", or "pallas"
-        (also on CPU, interpret mode: tests). Speed only: the same expression, up to float32
+        (models/kernels/residual_norm.py): "auto" (one Pallas kernel each way on GPU under
+        bfloat16 / float16 compute with hash dropout and remat none; else XLA's), "xla", or
+        "pallas" (also on CPU, interpret mode: tests). Speed only: the same expression, up to float32
         summation order and one rounding fewer in the LayerNorm's input gradient.
 
     The third block is the architecture of later encoders (ModernBERT: rotary positions,
@@ -327,7 +327,7 @@ class BertConfig:
     @property
     def pallas_options(self) -> dict:
         """The Pallas flash-attention kernel's keyword arguments these fields set
-        (attention_ops.pallas_flash.flash_attention): the unset (0) ones left out."""
+        (kernels.attention.pallas_flash.flash_attention): the unset (0) ones left out."""
         names = {"pallas_block_q": "block_q", "pallas_block_k": "block_k",
                  "pallas_bwd_block_q": "bwd_block_q", "pallas_bwd_block_k": "bwd_block_k",
                  "pallas_num_warps": "num_warps", "pallas_num_stages": "num_stages",

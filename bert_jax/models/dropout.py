@@ -13,7 +13,8 @@ mask, so:
     32-bit seeds s1, s2;
   * element (row, col) of the mask, row = flat index over the leading axes and col = index
     on the last axis, hashes to  h = fmix32((fmix32(row ^ s1) ^ s2) + col * 0x9E3779B9)
-    (fmix32 is MurmurHash3's 32-bit finaliser, a bijection with full avalanche); it is kept
+    (fmix32 is MurmurHash3's 32-bit finaliser, a bijection with full avalanche: the hash
+    of models/kernels/dropout_hash.py, which the kernels share); it is kept
     when h >= round(rate * 2**32), and kept values are scaled by 1 / (1 - that / 2**32), so
     E[y] = x exactly for the rate actually used (|that - rate| <= 2**-33).
 
@@ -42,21 +43,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models.config import DROPOUT_RNGS
-_GOLDEN = 0x9E3779B9  # odd, so col -> col * _GOLDEN is a bijection mod 2**32
-
-
-def _fmix32(h: jax.Array) -> jax.Array:
-    """MurmurHash3's finaliser on uint32 (wrapping arithmetic)."""
-    h = h ^ (h >> 16)
-    h = h * jnp.uint32(0x85EBCA6B)
-    h = h ^ (h >> 13)
-    h = h * jnp.uint32(0xC2B2AE35)
-    return h ^ (h >> 16)
-
-
-def drop_threshold(rate: float) -> int:
-    """The uint32 threshold: an element is dropped when its hash is below it."""
-    return int(round(rate * 2.0**32))
+from bert_jax.models.kernels.dropout_hash import GOLDEN, drop_threshold, fmix32
 
 
 def hash_bits(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
@@ -75,7 +62,7 @@ def _seeded_bits(seeds: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     for axis in range(len(shape) - 1):
         row = row * jnp.uint32(shape[axis]) + jax.lax.broadcasted_iota(jnp.uint32, shape, axis)
     col = jax.lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1)
-    return _fmix32((_fmix32(row ^ seeds[0]) ^ seeds[1]) + col * jnp.uint32(_GOLDEN))
+    return fmix32((fmix32(row ^ seeds[0]) ^ seeds[1]) + col * jnp.uint32(GOLDEN))
 
 
 def keep_mask(key: jax.Array, shape: tuple[int, ...], rate: float) -> jax.Array:
@@ -93,7 +80,7 @@ class Dropout(nn.Module):
 
     def make_key(self) -> jax.Array:
         """The key this module's __call__ would draw its mask from (same rng stream): for
-        kernels that regenerate the hash mask themselves (attention_ops)."""
+        kernels that regenerate the hash mask themselves (models/kernels/)."""
         return self.make_rng(self.rng_collection)
 
     @nn.compact

@@ -9,9 +9,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bert_jax.models.attention_ops import platform
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout
+from bert_jax.models.kernels.backend import platform
 from bert_jax.models.layers import layer_norm, weight_init
 
 

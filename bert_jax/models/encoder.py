@@ -37,11 +37,12 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models import fp8 as fp8_lib
-from bert_jax.models import gelu_ops, norm_ops
 from bert_jax.models.attention import BertSelfAttention
-from bert_jax.models.attention_ops import platform
 from bert_jax.models.config import BertConfig
 from bert_jax.models.dropout import Dropout, draw_seeds
+from bert_jax.models.kernels import gelu as gelu_kernel
+from bert_jax.models.kernels import residual_norm as norm_kernel
+from bert_jax.models.kernels.backend import platform
 from bert_jax.models.layers import activation, dense, layer_norm
 
 _REMAT_POLICIES = {
@@ -71,11 +72,11 @@ def _kernels_as(dtype):
 
 
 def fused_norms(config: BertConfig, shape, initializing: bool) -> bool:
-    """Whether the layers take norm_ops' kernels (model.residual_norm) for activations of
-    `shape`: they then pass each other (output, output) pairs (BertLayer)."""
+    """Whether the layers take the residual + LayerNorm kernels (model.residual_norm) for
+    activations of `shape`: they then pass each other (output, output) pairs (BertLayer)."""
     return (not config.pre_ln and not initializing
-            and norm_ops.path(config.residual_norm, platform(), config)
-            and norm_ops.fits(shape))
+            and norm_kernel.path(config.residual_norm, platform(), config)
+            and norm_kernel.fits(shape))
 
 
 class BertLayer(nn.Module):
@@ -90,10 +91,10 @@ class BertLayer(nn.Module):
         or <int32>[batch, length] sequence ids of packed rows (models/attention.py);
         positions: rotary positions <int>[batch or 1, length] (None: 0 .. length - 1);
         index: under nn.scan, the layer's traced <int32>[] place in the stack.
-        With norm_ops' kernels (fused_norms), x and the output are pairs of the same
-        activations: (the attention's input, the residual): the second LayerNorm's backward
-        kernel then adds the next layer's two cotangents itself (XLA would add them in a
-        kernel of its own first)."""
+        With the residual + LayerNorm kernels (fused_norms), x and the output are pairs of
+        the same activations: (the attention's input, the residual): the second LayerNorm's
+        backward kernel then adds the next layer's two cotangents itself (XLA would add them
+        in a kernel of its own first)."""
         c = self.config
         x, x_residual = x if isinstance(x, tuple) else (x, x)
         n = c.global_attn_every_n_layers
@@ -121,8 +122,8 @@ class BertLayer(nn.Module):
         # The bias + exact GELU with a one-kernel backward pass (model.gelu_backward):
         # "gelu" without remat, "gelu_matmul" (the second product included, the GELU output
         # recomputed in that kernel) under remat.
-        kernel = (gelu_ops.path(c.gelu_backward, platform(), c.compute_dtype, c.hidden_act,
-                                c.remat, fp8=c.fp8) if gate is None and c.use_bias else None)
+        kernel = (gelu_kernel.path(c.gelu_backward, platform(), c.compute_dtype, c.hidden_act,
+                                   c.remat, fp8=c.fp8) if gate is None and c.use_bias else None)
 
         def ffn(h, product_only=False):
             if kernel == "gelu_matmul":

@@ -13,9 +13,10 @@ from flax.linen.dtypes import canonicalize_dtype, promote_dtype
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.models import fp8 as fp8_lib
-from bert_jax.models import gelu_ops, norm_ops
-from bert_jax.models.gelu_ops import gelu_erf  # the FFN's GELU lives beside its kernels
 from bert_jax.models.config import BertConfig
+from bert_jax.models.kernels import gelu as gelu_kernel
+from bert_jax.models.kernels import residual_norm as norm_kernel
+from bert_jax.models.kernels.gelu import gelu_erf  # the FFN's GELU lives beside its kernels
 
 
 class _Partitioned(nn.LogicallyPartitioned):
@@ -72,7 +73,7 @@ def ones_init(axes: Sequence[str]):
     return _with_logical_partitioning(nn.initializers.ones_init(), tuple(axes))
 
 
-def _promote_all_but_bias(inputs, kernel, bias, dtype=None, inexact=True):
+def promote_all_but_bias(inputs, kernel, bias, dtype=None, inexact=True):
     inputs, kernel = promote_dtype(inputs, kernel, dtype=dtype, inexact=inexact)
     return inputs, kernel, bias
 
@@ -85,7 +86,7 @@ class Dense(nn.Dense):
     With equal dtypes the ops are nn.Dense's, bit for bit; dtype=None promotes all three
     to their common dtype, as nn.Dense does."""
 
-    promote_dtype: object = _promote_all_but_bias
+    promote_dtype: object = promote_all_but_bias
     # When set, the product x @ W (before the bias) carries this checkpoint name, so that a
     # remat policy saving it keeps the matmul's own output buffer: naming the biased,
     # cast result instead makes the next fusion write a second copy of it.
@@ -94,12 +95,12 @@ class Dense(nn.Dense):
     @nn.compact
     def __call__(self, inputs, fused_gelu: bool = False, product_only: bool = False,
                  gelu_bias=None):
-        """The FFN's kernels (models/gelu_ops.py), each the same expression as the plain
+        """The FFN's kernels (models/kernels/gelu.py), each the same expression as the plain
         call with a one-kernel backward pass; they need a bias and a compute dtype.
-        fused_gelu: gelu_erf of the output, through gelu_ops.bias_gelu. product_only:
+        fused_gelu: gelu_erf of the output, through gelu_kernel.bias_gelu. product_only:
         (the named product x W, the float32 bias) instead of the output. gelu_bias: the
         inputs are another Dense's product and this product is GELU(inputs + gelu_bias) W,
-        through gelu_ops.gelu_matmul."""
+        through gelu_kernel.gelu_matmul."""
         # nn.Dense.__call__ (flax 0.12), op for op (a test holds it to nn.Dense bit for
         # bit), with the product named.
         kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features),
@@ -112,7 +113,7 @@ class Dense(nn.Dense):
         else:
             dot_general = self.dot_general or jax.lax.dot_general
         if gelu_bias is not None:
-            y = gelu_ops.gelu_matmul(inputs, gelu_bias, kernel, precision=self.precision)
+            y = gelu_kernel.gelu_matmul(inputs, gelu_bias, kernel, precision=self.precision)
         else:
             y = dot_general(inputs, kernel, (((inputs.ndim - 1,), (0,)), ((), ())),
                             precision=self.precision)
@@ -123,7 +124,7 @@ class Dense(nn.Dense):
                 raise ValueError("Dense's FFN kernels need use_bias and a dtype")
             if product_only:
                 return y, bias
-            return gelu_ops.bias_gelu(y.astype(self.dtype), bias)
+            return gelu_kernel.bias_gelu(y.astype(self.dtype), bias)
         if bias is not None:
             y += jnp.reshape(bias, (1,) * (y.ndim - 1) + (-1,))
         return y if self.dtype is None else y.astype(self.dtype)
@@ -132,7 +133,7 @@ class Dense(nn.Dense):
 class DenseGeneral(nn.DenseGeneral):
     """nn.DenseGeneral with the bias added in the parameters' dtype (see Dense)."""
 
-    promote_dtype: object = _promote_all_but_bias
+    promote_dtype: object = promote_all_but_bias
 
     def __call__(self, inputs):
         y = super().__call__(inputs)
@@ -175,9 +176,9 @@ class LayerNorm(nn.LayerNorm):
 
     residual_of=(p, bias, seeds, rate): the input is x + dropout((p + bias) in the dtype) (x
     the residual, p a sublayer's product before its float32 bias, seeds those of
-    dropout.draw_seeds or None), normalised by models/norm_ops.py's kernels with these
-    same parameters (the caller checks norm_ops.fits first), in p's dtype; copies=2: the
-    output twice, for two consumers (norm_ops.residual_norm)."""
+    dropout.draw_seeds or None), normalised by models/kernels/residual_norm.py's kernels
+    with these same parameters (the caller checks norm_kernel.fits first), in p's dtype;
+    copies=2: the output twice, for two consumers (norm_kernel.residual_norm)."""
 
     stats_name: str | None = None
 
@@ -188,8 +189,8 @@ class LayerNorm(nn.LayerNorm):
             scale = self.param("scale", self.scale_init, (width,), self.param_dtype)
             shift = self.param("bias", self.bias_init, (width,), self.param_dtype)
             p, bias, seeds, rate = residual_of
-            return norm_ops.residual_norm(p, bias, x, scale, shift, seeds, rate=rate,
-                                          eps=self.epsilon, copies=copies)
+            return norm_kernel.residual_norm(p, bias, x, scale, shift, seeds, rate=rate,
+                                             eps=self.epsilon, copies=copies)
         if self.axis_name is not None or not self.use_fast_variance:
             return super().__call__(x, mask=mask)  # not what the models build: flax's own
         name = (lambda v: checkpoint_name(v, self.stats_name)) if self.stats_name else (

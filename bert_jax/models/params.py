@@ -1,6 +1,6 @@
-"""Parameter-tree utilities: counting, shapes by key, and the unscanned
-(`encoder/layer_{i}`) and scanned (`encoder/layers`, leading [layers] axis) layouts: which
-one a tree holds, and converting between them."""
+"""Parameter-tree utilities: counting, shapes by key, converting between the unscanned
+(`encoder/layer_{i}`) and scanned (`encoder/layers`, leading [layers] axis) layouts, and
+telling which one a tree or a checkpoint's keys hold."""
 
 from __future__ import annotations
 
@@ -87,3 +87,4 @@ def unstack_layers(params: dict, num_layers: int) -> dict:
             enc[f"layer_{i}"] = jax.tree_util.tree_map(lambda x, i=i: x[i - first], stacked)
         parent["encoder"] = enc
     return params
+

@@ -29,12 +29,12 @@ from bert_jax import paths
 from bert_jax.convert import model_dir
 from bert_jax.convert.model_dir import save_model_dir
 from bert_jax.convert.sources import InitSource, open_source
-from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.models.config import BertConfig, ConfigError, from_config_dict
 from bert_jax.tasks import metrics as metrics_lib
 from bert_jax.tasks import predict as predict_lib
 from bert_jax.tasks.inputs import num_rows
 from bert_jax.tasks.registry import task_from_config
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.train import loop, settings
 from bert_jax.train.checked import check
 

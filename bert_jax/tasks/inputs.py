@@ -18,7 +18,7 @@ from etils import epath
 
 from bert_jax import paths
 from bert_jax.data.state import META, pack_meta, unpack_meta
-from bert_jax.data.tokenization import check_unk_rate
+from bert_jax.tokenization import check_unk_rate
 from bert_jax.tasks.readers import DataError
 
 

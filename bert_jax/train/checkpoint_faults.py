@@ -131,7 +131,7 @@ def _orbax_preemption_note(record: logging.LogRecord) -> bool:
             and "Reached preemption sync point" in record.getMessage())
 
 
-def _orbax_async_garbage(record: logging.LogRecord) -> bool:
+def orbax_async_garbage(record: logging.LogRecord) -> bool:
     # asyncio's report of a task or future of orbax's reads / writes (tensorstore's OCDBT
     # files) that it finalized unfinished or with an exception nobody read. A bare future
     # names no coroutine: its exception's traceback then shows where it came from (seen
@@ -168,7 +168,7 @@ def quiet_orbax_errors() -> None:
     quiet_orbax_errors.installed = True
     logging.getLogger("absl").addFilter(lambda r: not _orbax_error_with_traceback(r)
                                         and not _orbax_preemption_note(r))
-    logging.getLogger("asyncio").addFilter(lambda r: not _orbax_async_garbage(r))
+    logging.getLogger("asyncio").addFilter(lambda r: not orbax_async_garbage(r))
     previous = sys.unraisablehook
 
     def unraisablehook(unraisable):

@@ -325,7 +325,7 @@ def save_barrier(*, key: str, timeout_ms: int) -> None:
         if _WATCHDOG is not None and time.monotonic() - began > _WATCHDOG.quick:
             _WATCHDOG.suspect()  # a missing process that has also stopped beating is lost
         if commit:
-            failed = _failed_elsewhere(store, key, prefix, set(range(count)) - arrived)
+            failed = failed_elsewhere(store, key, prefix, set(range(count)) - arrived)
             if failed is not None:
                 raise SaveFailedElsewhere(_step_of(key), failed)
         if time.monotonic() > deadline:
@@ -339,7 +339,7 @@ def _arrivals(store, prefix: str) -> set[int]:
     return {int(k.rsplit("/", 1)[1]) for k, _ in store.key_value_dir_get(prefix)}
 
 
-def _failed_elsewhere(store, key: str, prefix: str, missing: set[int]) -> Optional[int]:
+def failed_elsewhere(store, key: str, prefix: str, missing: set[int]) -> Optional[int]:
     """A process of `missing` whose part of the save of `key`'s step failed, or None."""
     step = _step_of(key)
     marked = _get(store, f"{SAVE_FAILED}{step}") if step is not None else None

@@ -29,8 +29,8 @@ import numpy as np
 from bert_jax import optim, paths
 from bert_jax.data import device as data_device
 from bert_jax.errors import FaultError, ReportedError
-from bert_jax.models import attention_ops
-from bert_jax.models.backend import platform_name
+from bert_jax.models.kernels import attention as attention_ops
+from bert_jax.models.kernels.backend import platform_name
 from bert_jax.models.config import ConfigError
 from bert_jax.convert.sources import saved_steps
 from bert_jax.train import checkpoint as ckpt_lib
@@ -282,7 +282,7 @@ class _Run:
         while len(self.unchecked) > lag:
             at, m = self.unchecked.pop(0)
             self.gate.check(m, void_after=len(self.unchecked))
-            self.nonfinite_skipped += _check_finite(m, at, self.config)
+            self.nonfinite_skipped += count_nonfinite(m, at, self.config)
 
     def save(self) -> None:
         self.check_finite()
@@ -524,7 +524,9 @@ def _check_same_seed(saved: Optional[dict], config, directory: str) -> None:
                           f"{int(config.train.seed)}; use a new workdir")
 
 
-def _check_finite(metrics: dict, step: int, config) -> int:
+def count_nonfinite(metrics: dict, step: int, config) -> int:
+    """1 when the step's update was non-finite and skipped (train.skip_nonfinite), 0 when it
+    was finite; NonFiniteError naming the step otherwise."""
     bad = float(jax.device_get(metrics["train/nonfinite"]))
     if bad and not config.train.skip_nonfinite:
         loss = float(jax.device_get(metrics["train/loss"]))

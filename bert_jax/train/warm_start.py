@@ -27,10 +27,10 @@ import jax
 import numpy as np
 
 from bert_jax.convert.sources import InitSource, locate
-from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.errors import UserError
 from bert_jax.models.config import ConfigError
 from bert_jax.models.params import encoder_layout, flat_shapes, layer_layout, stack_layers
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.train import checkpoint as ckpt_lib
 
 ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax.convert import extract, model_dir
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 from tests.convert.helpers import HERE, max_diff, run_encoder, run_extract_features
 
 # The sentences of tests/goldens/make_goldens.py (SINGLES, then PAIRS as "A ||| B").

@@ -158,9 +158,9 @@ def test_errors(run, tmp_path):
 def test_extract_features_takes_a_run(run, tmp_path):
     """launch/extract_features.py --checkpoint=WORKDIR/checkpoints/1: mean-pooled features
     of step 1's encoder (read back here with orbax directly), not the latest step's."""
-    from bert_jax.data.tokenization import load_tokenizer
     from bert_jax.models.bert import BertModel
     from bert_jax.models.config import from_config_dict
+    from bert_jax.tokenization import load_tokenizer
 
     lines = ["Friends, Romans, countrymen, lend me your ears;", "I come to bury Caesar."]
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")

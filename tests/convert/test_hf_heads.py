@@ -227,7 +227,7 @@ def test_transformers_gives_our_logits(tuned, kind, tmp_path):
         assert value.shape == ref[name].shape, name
         assert np.max(np.abs(value - ref[name])) <= 1e-4, (name, np.max(np.abs(value - ref[name])))
     # AutoTokenizer tokenizes as ours does.
-    from bert_jax.data.tokenization import load_tokenizer
+    from bert_jax.tokenization import load_tokenizer
 
     tok = load_tokenizer(vocab_file=str(VOCAB), do_lower_case=True)
     for i, (a, b) in enumerate(TEXTS):

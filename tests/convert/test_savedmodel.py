@@ -1,5 +1,5 @@
 """`to-savedmodel`: the SavedModel's serving signature gives bert_jax's outputs, and its
-string signatures tokenize as bert_jax.data.tokenization does."""
+string signatures tokenize as bert_jax.tokenization does."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import pytest
 from bert_jax.convert import savedmodel
 from bert_jax.convert.__main__ import main
 from bert_jax.convert.model_dir import save_model_dir
-from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.models import bert as models
 from bert_jax.models.config import BertConfig
 from bert_jax.tasks.classification import assemble_pair
+from bert_jax.tokenization import load_tokenizer
 
 tf = pytest.importorskip("tensorflow")
 try:

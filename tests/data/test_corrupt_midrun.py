@@ -16,7 +16,7 @@ from tests.data import fixtures
 from tests.train.common import LENGTH, PREDICTIONS, tiny_config
 
 
-def _cut_last_record(path) -> tuple[int, int]:
+def cut_last_record(path) -> tuple[int, int]:
     """Cuts the file inside its last record: (byte offset of that record, good records)."""
     data = open(path, "rb").read()
     offset, count = 0, 0
@@ -29,7 +29,7 @@ def _cut_last_record(path) -> tuple[int, int]:
     return offset, count
 
 
-def _config(pattern: str, steps: int):
+def midrun_config(pattern: str, steps: int):
     config = tiny_config(steps=steps, checkpoint=dict(every=1000, keep=3))
     config.model.vocab_size = fixtures.VOCAB_SIZE
     config.data.update(dict(source="tfrecord", train_files=pattern, shuffle_buffer=16,
@@ -44,7 +44,7 @@ def cut(tmp_path):
     """2 shards of 20 records (length 16), the second one cut inside its last record."""
     (tmp_path / "data").mkdir()
     paths, _ = fixtures.write_files(tmp_path / "data", 2, 20, seq=LENGTH, preds=PREDICTIONS)
-    offset, good = _cut_last_record(paths[1])
+    offset, good = cut_last_record(paths[1])
     return str(tmp_path / "data" / "*.tfrecord"), paths, offset, good
 
 
@@ -60,7 +60,7 @@ def _good_batches(cfg) -> int:
 
 def test_the_error_names_file_byte_and_option_on_one_line(cut):
     pattern, paths, offset, good = cut
-    cfg = _config(pattern, 10).data
+    cfg = midrun_config(pattern, 10).data
     pretrain.check_input(cfg, process_index=0, process_count=1)  # the sample misses it
     it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     with pytest.raises(CorruptShardError) as e:
@@ -78,7 +78,7 @@ def test_state_after_the_error_resumes_exactly_on_the_repaired_files(cut, tmp_pa
     """After a read error tf.data's iterator is not serialized: the state holds the batch
     count, and set_state rebuilds the pipeline and skips that many batches (exact)."""
     pattern, paths, _, _ = cut
-    cfg = _config(pattern, 10).data
+    cfg = midrun_config(pattern, 10).data
     broken = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     n = _good_batches(cfg)
     for _ in range(n):
@@ -105,7 +105,7 @@ def test_the_run_saves_the_last_good_step_then_resumes_with_skip_corrupt(cut, tm
     from bert_jax.tasks import pretraining
 
     pattern, paths, offset, _ = cut
-    config = _config(pattern, 40)
+    config = midrun_config(pattern, 40)
     good = _good_batches(config.data)
     assert 0 < good < 40  # the run meets the cut shard mid-way
     workdir = str(tmp_path / "run")
@@ -116,7 +116,7 @@ def test_the_run_saves_the_last_good_step_then_resumes_with_skip_corrupt(cut, tm
     assert "data.skip_corrupt" in msg and f"Saved step {good}, the last good one" in msg, msg
     assert ckpt_lib.Checkpointer(workdir, every=1000).all_steps() == [good]
 
-    config = _config(pattern, good + 2)
+    config = midrun_config(pattern, good + 2)
     config.data.skip_corrupt = True
     summary = pretraining.run(config, workdir)
     assert summary["step"] == good + 2
@@ -130,7 +130,7 @@ def test_a_file_gone_mid_run_is_a_fault_naming_it(tmp_path):
     from bert_jax.errors import FaultError
 
     paths, _ = fixtures.write_files(tmp_path, 3, 20, seq=LENGTH, preds=PREDICTIONS)
-    cfg = _config(str(tmp_path / "*.tfrecord"), 10).data
+    cfg = midrun_config(str(tmp_path / "*.tfrecord"), 10).data
     cfg.update(dict(shuffle=False, num_parallel_reads=1))
     it = pretrain.train_iterator(cfg, 8, process_index=0, process_count=1)
     next(it)

@@ -15,7 +15,7 @@ from absl import flags
 from bert_jax.data import pretrain
 from bert_jax.data.features import DataCheckError
 from bert_jax.data import inspect as doctor
-from bert_jax.data.tokenization import VocabError
+from bert_jax.tokenization import VocabError
 from bert_jax.errors import UserError
 from tests.conftest import REPO
 from tests.data import fixtures

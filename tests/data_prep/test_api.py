@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from bert_jax.data.tokenization import VocabError
 from bert_jax.errors import UserError
+from bert_jax.tokenization import VocabError
 from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB
 from data_prep import create_pretraining_data as cpd
 from data_prep.paths import InputError

@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 from data_prep import instances as inst
 from data_prep import pipeline, tfrecord
 from data_prep.workers import fork_safe

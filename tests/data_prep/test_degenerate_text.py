@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from bert_jax.data.features import DataCheckError
-from bert_jax.data.tokenization import VocabError
+from bert_jax.tokenization import VocabError
 from data_prep import pipeline
 from data_prep.paths import InputError
 from tests.data_prep.helpers import REPO, SAMPLE, VOCAB

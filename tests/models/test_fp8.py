@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from bert_jax.models import fp8 as fp8_lib
-from bert_jax.models import gelu_ops
 from bert_jax.models.bert import BertForPreTraining
+from bert_jax.models.kernels import gelu as gelu_kernel
 from bert_jax.models.layers import dense
 from bert_jax.models.params import stack_layers, unstack_layers
 from tests.models.helpers import random_batch, tiny_config
@@ -203,6 +203,6 @@ def test_fp8_products_stay_out_of_the_custom_backward_passes():
     own backward pass (a bfloat16 product): with model.fp8 that product is an FP8 op, so the
     plain GELU kernel is taken instead."""
     args = ("auto", "gpu", jnp.bfloat16, "gelu", "minimal_ffn")
-    assert gelu_ops.path(*args) == "gelu_matmul"
-    assert gelu_ops.path(*args, fp8=True) == "gelu"
-    assert gelu_ops.path("auto", "gpu", jnp.bfloat16, "gelu", "none", fp8=True) == "gelu"
+    assert gelu_kernel.path(*args) == "gelu_matmul"
+    assert gelu_kernel.path(*args, fp8=True) == "gelu"
+    assert gelu_kernel.path("auto", "gpu", jnp.bfloat16, "gelu", "none", fp8=True) == "gelu"

@@ -95,11 +95,11 @@ def test_named_dense_and_layernorm_are_flaxs_bit_for_bit(dtype):
     # as nn.Dense / nn.LayerNorm (with bert_jax's float32 bias add) values and gradients.
     import flax.linen as nn
 
-    from bert_jax.models.layers import Dense, LayerNorm, _promote_all_but_bias
+    from bert_jax.models.layers import Dense, LayerNorm, promote_all_but_bias
     x = jax.random.normal(jax.random.PRNGKey(2), (3, 5, 24), jnp.float32).astype(dtype)
 
     class FlaxDense(nn.Dense):  # bert_jax's Dense before it had product_name
-        promote_dtype: object = _promote_all_but_bias
+        promote_dtype: object = promote_all_but_bias
 
         def __call__(self, inputs):
             return super().__call__(inputs).astype(self.dtype)

@@ -1,5 +1,5 @@
 """Sliding-window (local) layers: the XLA path's band mask, and the window handed to the
-fused paths (`attention_ops.fused(..., window=)`) on local layers only, scanned or not.
+fused paths (`kernels.attention.fused(..., window=)`) on local layers only, scanned or not.
 Parity with transformers' ModernBERT: tests/convert/test_hf_modernbert.py."""
 
 import flax
@@ -8,9 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models import BertConfig, BertModel, attention_ops
+from bert_jax.models import BertConfig, BertModel
 from bert_jax.models.attention import band_mask, rotary
-from bert_jax.models.attention_ops import xla as xla_attention
+from bert_jax.models.kernels import attention as attention_kernels
+from bert_jax.models.kernels.attention import xla as xla_attention
 from bert_jax.models.params import stack_layers
 
 CONFIG = BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
@@ -72,8 +73,8 @@ def test_fused_paths_get_the_window_on_local_layers_only(scan, monkeypatch):
             m = m & band_mask(q.shape[1], window["window"])
         return xla_attention.attention(q, k, v, m)
 
-    monkeypatch.setattr(attention_ops, "resolve", lambda *a, **k: "pallas")
-    monkeypatch.setattr(attention_ops, "fused", fused)
+    monkeypatch.setattr(attention_kernels, "resolve", lambda *a, **k: "pallas")
+    monkeypatch.setattr(attention_kernels, "fused", fused)
     config = CONFIG.replace(scan_layers=scan)
     if scan:
         params = stack_layers({"bert": params}, CONFIG.num_hidden_layers)["bert"]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bert_jax.models import BertForPreTraining, BertModel
-from bert_jax.models.attention_ops import resolve
+from bert_jax.models.kernels.attention import resolve
 from bert_jax.models.embeddings import restart_positions
 from bert_jax.tasks.pretraining.loss import pretraining_loss
 from bert_jax.tasks import pretraining
@@ -137,7 +137,7 @@ def test_restart_positions():
 
 
 def test_splash_attention_keeps_packed_sequences_apart_in_interpret_mode():
-    from bert_jax.models.attention_ops import splash_tpu
+    from bert_jax.models.kernels.attention import splash_tpu
     heads, dim = 2, 16
     q, k, v = (jax.random.normal(jax.random.PRNGKey(i), (1, LENGTH, heads, dim)) for i in range(3))
     seq = jnp.array([_pad([1] * 8 + [2] * 7)])
@@ -156,5 +156,5 @@ def test_auto_takes_pallas_for_packed_rows_and_explicit_cudnn_takes_them():
     config = tiny_config(dtype="bfloat16", attention_probs_dropout_prob=0.0)
     assert resolve("auto", "gpu", config, training=False, packed=False) == "cudnn"
     assert resolve("auto", "gpu", config, training=False, packed=True) == "pallas"
-    # cudnn.py: the sequence ids as an additive mask (tests/models/test_cudnn_attention.py)
+    # cudnn.py: the sequence ids as an additive mask (tests/models/kernels/test_cudnn.py)
     assert resolve("cudnn", "gpu", config, training=False, packed=True) == "cudnn"

@@ -11,6 +11,7 @@ import pytest
 from bert_jax.models import (BertForMultipleChoice, BertForPreTraining, BertForQuestionAnswering,
                              BertForSequenceClassification, BertForTokenClassification, BertModel,
                              stack_layers, unstack_layers)
+from bert_jax.models.params import layer_layout
 from bert_jax.sharding import LOGICAL_AXES
 from tests.models.helpers import random_batch, tiny_config
 
@@ -85,6 +86,21 @@ def test_scanned_init_has_stacked_layout():
     # Independent initial weights per layer (split rngs), as the unscanned model.
     k = params["encoder"]["layers"]["intermediate"]["kernel"]
     assert not np.allclose(k[0], k[1])
+
+
+def test_layer_layout_tells_stacked_from_per_layer_keys():
+    config = tiny_config(num_hidden_layers=2)
+    ids = random_batch(config)[0]
+    keys = lambda tree: list(flax.traverse_util.flatten_dict(tree))  # noqa: E731
+    per_layer = flax.linen.meta.unbox(_init(BertModel(config), ids))
+    stacked = flax.linen.meta.unbox(_init(BertModel(config.replace(scan_layers=True)), ids))
+    assert layer_layout(keys(per_layer)) is False
+    assert layer_layout(keys(stacked)) is True
+    assert layer_layout(keys(stack_layers(per_layer, 2))) is True
+    # "/"-joined names (a checkpoint's index), under a head's prefix too; no encoder: None
+    assert layer_layout(["bert/encoder/layer_1/output/dense/kernel"]) is False
+    assert layer_layout(["bert/encoder/layers/output/dense/kernel"]) is True
+    assert layer_layout(["bert/embeddings/word_embeddings/embedding"]) is None
 
 
 def test_bfloat16_compute_close_to_float32():

@@ -49,9 +49,9 @@ def prepared(config, steps: int = 2):
     """(task, checked, programs) of `config` as the fine-tuning driver hands them to the
     loop (bert_jax.tasks.finetune.run): the model from train.init_checkpoint or
     config.model, the pair data's features, the compiled step's programs over `steps`."""
-    from bert_jax.data.tokenization import load_tokenizer
     from bert_jax.tasks import finetune
     from bert_jax.tasks.registry import task_from_config
+    from bert_jax.tokenization import load_tokenizer
     from bert_jax.train import loop
     from bert_jax.train.checked import check
 

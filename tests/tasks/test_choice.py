@@ -15,7 +15,7 @@ from bert_jax.convert.hf import config_from_hf, hf_to_params
 from bert_jax.tasks.choice import reader as readers
 from bert_jax.tasks.choice.reader import ChoiceExample
 from bert_jax.tasks.readers import DataError
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.models import BertForMultipleChoice
 from bert_jax.tasks import choice, finetune
 from bert_jax.train.config import load_config

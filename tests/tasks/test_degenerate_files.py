@@ -13,7 +13,7 @@ import logging
 import pytest
 
 from bert_jax.tasks.readers import DataError
-from bert_jax.data.tokenization import VocabError, load_tokenizer
+from bert_jax.tokenization import VocabError, load_tokenizer
 from bert_jax.errors import UserError
 from tests.tasks.conftest import VOCAB
 

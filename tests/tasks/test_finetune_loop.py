@@ -66,9 +66,9 @@ def test_profile_mfu_and_real_tokens_of_a_fine_tuning_run(tmp_path, capsys):
     """train.profile_steps=2 from profile_start=1 traces steps 2 and 3 of the run; from step
     2 on the log has perf/mfu and the real-token figures of each batch: the padding fraction
     is that of the step's own rows."""
-    from bert_jax.data.tokenization import load_tokenizer
     from bert_jax.tasks.inputs import FeatureBatches
     from bert_jax.tasks.registry import task_from_config
+    from bert_jax.tokenization import load_tokenizer
     from tests.tasks.conftest import VOCAB
 
     config = tiny_pairs_config(steps=4)

@@ -11,7 +11,7 @@ import pytest
 from bert_jax.tasks.glue import reader as readers
 from bert_jax.tasks.readers import DataError
 from bert_jax.tasks import inputs as tasks_input
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.tasks import classification, glue
 from bert_jax.tasks.base import EvalSet, collect
 

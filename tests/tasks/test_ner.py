@@ -6,7 +6,7 @@ import pytest
 
 from bert_jax.tasks.ner import reader as readers
 from bert_jax.tasks.readers import DataError
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.tasks import ner
 from bert_jax.tasks.base import EvalSet
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.tasks.squad.reader import SquadExample, read_squad_json
-from bert_jax.data.tokenization import load_tokenizer
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.tasks import squad
 from bert_jax.tasks.squad import features as squad_features
 from bert_jax.tasks.squad import postprocess as squad_postprocess

@@ -183,17 +183,23 @@ def traced_steps(profile_dir) -> list[int]:
                   for line in plane.lines for e in line.events if e.name == "train")
 
 
+def free_port() -> int:
+    """A localhost port free now (for jax.distributed's coordinator)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
 def launch_processes(worker: str, args, env: dict, cwd, timeout: float = 240,
                      processes: int = 2) -> list[tuple[int, str, str]]:
     """Runs `worker i address *args` for i = 0 .. processes - 1 at once (jax.distributed
     on a free localhost port): [(exit code, stdout, stderr)]; an AssertionError if one hangs."""
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        address = f"localhost:{s.getsockname()[1]}"
+    address = f"localhost:{free_port()}"
     procs = [subprocess.Popen([sys.executable, worker, str(i), address, *map(str, args)],
                               cwd=cwd, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for i in range(processes)]

@@ -16,9 +16,9 @@ def main(process_id: int, address: str, workdir: str, pattern: str, steps: int) 
     runtime.initialize("auto", address, 2, process_id)
     from bert_jax.errors import ReportedError
     from bert_jax.tasks import pretraining
-    from tests.data.test_corrupt_midrun import _config
+    from tests.data.test_corrupt_midrun import midrun_config
 
-    config = _config(pattern, steps)
+    config = midrun_config(pattern, steps)
     config.mesh.update(dict(data=-1, fsdp=1, tensor=1))
     config.train.log_every = 1
     try:

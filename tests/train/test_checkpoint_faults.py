@@ -307,7 +307,7 @@ def test_asyncio_reports_of_orbax_futures_are_quiet_and_others_are_not():
     in 19 restarts from a damaged checkpoint came this way)."""
     import logging
 
-    from bert_jax.train.checkpoint_faults import _orbax_async_garbage
+    from bert_jax.train.checkpoint_faults import orbax_async_garbage
 
     def raised_in(filename):
         namespace = {}
@@ -325,5 +325,5 @@ def test_asyncio_reports_of_orbax_futures_are_quiet_and_others_are_not():
                                  (type(exc), exc, exc.__traceback__))
 
     orbax_file = os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py")
-    assert _orbax_async_garbage(record(raised_in(orbax_file)))
-    assert not _orbax_async_garbage(record(raised_in(os.path.join(os.sep, "mine", "app.py"))))
+    assert orbax_async_garbage(record(raised_in(orbax_file)))
+    assert not orbax_async_garbage(record(raised_in(os.path.join(os.sep, "mine", "app.py"))))

@@ -102,21 +102,21 @@ def test_a_commit_barrier_stops_waiting_for_a_process_past_it(uses):
     uses.update({start: 5, "ThreadSaveMultiHostValueHolder:set_value_end": 5, key: 1})
     store.kv[f"{prefix}1"] = "1"
     store.kv[f"{co.AT}0"] = f"5#{start}"
-    assert co._failed_elsewhere(store, key, prefix, {0}) == 0
+    assert co.failed_elsewhere(store, key, prefix, {0}) == 0
     # The same place, but it arrived here first (it passed this barrier: not a failure).
     store.kv[f"{prefix}0"] = "1"
-    assert co._failed_elsewhere(store, key, prefix, {0}) is None
+    assert co.failed_elsewhere(store, key, prefix, {0}) is None
     # Still writing: its place is the last bookkeeping barrier this process passed too.
     del store.kv[f"{prefix}0"]
     store.kv[f"{co.AT}0"] = f"4#{start}"
-    assert co._failed_elsewhere(store, key, prefix, {0}) is None
+    assert co.failed_elsewhere(store, key, prefix, {0}) is None
     # Or at another commit barrier: no proof either.
     store.kv[f"{co.AT}0"] = "0#_async_commit_complete.20"
-    assert co._failed_elsewhere(store, key, prefix, {0}) is None
+    assert co.failed_elsewhere(store, key, prefix, {0}) is None
     # A process that marked the step failed.
     store.kv[f"{co.SAVE_FAILED}30"] = "0"
-    assert co._failed_elsewhere(store, key, prefix, {0}) == 0
-    assert co._failed_elsewhere(store, "_async_write_complete.40", prefix, {0}) is None
+    assert co.failed_elsewhere(store, key, prefix, {0}) == 0
+    assert co.failed_elsewhere(store, "_async_write_complete.40", prefix, {0}) is None
 
 
 def test_collective_failures_are_told_from_our_reports():

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.data import fixtures
-from tests.data.test_corrupt_midrun import _cut_last_record
+from tests.data.test_corrupt_midrun import cut_last_record
 from tests.train.common import LENGTH, PREDICTIONS, launch_processes
 from tests.train.conftest import REPO, read_losses, subprocess_env
 
@@ -35,7 +35,7 @@ def test_a_shard_failing_on_one_process_stops_both_and_resumes_exactly(tmp_path)
     reference = tmp_path / "reference"
     assert [rc for rc, _ in _launch(reference, pattern, 12)] == [0, 0]
 
-    offset, good = _cut_last_record(paths[1])  # process 1 reads shard 1
+    offset, good = cut_last_record(paths[1])  # process 1 reads shard 1
     run = tmp_path / "run"
     start = time.monotonic()
     (rc0, out0), (rc1, out1) = _launch(run, pattern, 12)

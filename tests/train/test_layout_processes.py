@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.train.common import free_port
 from tests.train.conftest import REPO, read_losses, subprocess_env
-from tests.train.test_parallel import _free_port
 
 WORKER = str(REPO / "tests/train/layout_worker.py")
 
@@ -22,7 +22,7 @@ WORKER = str(REPO / "tests/train/layout_worker.py")
 def _launch(workdir, processes: int, steps: int) -> list[dict]:
     """Runs the worker in `processes` processes (2 CPU devices each when several, 1 device
     alone: the mesh changes with the process count); returns their RESULT objects."""
-    address = f"localhost:{_free_port()}" if processes > 1 else "-"
+    address = f"localhost:{free_port()}" if processes > 1 else "-"
     devices = 2 if processes > 1 else 1
     procs = [subprocess.Popen([sys.executable, WORKER, str(i), str(processes), address,
                                str(workdir), str(steps)],

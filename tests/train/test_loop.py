@@ -89,9 +89,9 @@ def test_nonfinite_stops_naming_the_step():
     metrics = {"train/nonfinite": np.float32(1), "train/loss": np.float32(np.nan),
                "train/grad_norm": np.float32(np.inf)}
     with pytest.raises(loop.NonFiniteError, match="at step 17 .*skip_nonfinite"):
-        loop._check_finite(metrics, 17, config)
+        loop.count_nonfinite(metrics, 17, config)
     config.train.skip_nonfinite = True
-    assert loop._check_finite(metrics, 17, config) == 1
+    assert loop.count_nonfinite(metrics, 17, config) == 1
 
 
 def test_running_a_finished_run_again_reports_its_eval_without_a_second_row(tmp_path):
@@ -310,7 +310,7 @@ def test_profile_traces_the_configured_steps(tmp_path, capsys):
 
 
 def test_attention_that_cannot_run_here_fails_before_any_data_or_compile(tmp_path):
-    from bert_jax.models.attention_ops import AttentionConfigError
+    from bert_jax.models.kernels.attention import AttentionConfigError
 
     config = tiny_config(steps=2)
     config.model.attention = "cudnn"

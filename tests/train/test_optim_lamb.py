@@ -177,7 +177,7 @@ def test_lamb_on_the_sharded_pretraining_state():
     adapted = 0
     for (path, u), w in zip(jax.tree_util.tree_flatten_with_path(updates)[0],
                             jax.tree_util.tree_leaves(state.params)):
-        names = optim._path_names(path)
+        names = optim.path_names(path)
         u, w = np.asarray(u, np.float64), np.asarray(w, np.float64)
         if optim.decays(names):
             adapted += 1

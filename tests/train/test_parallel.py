@@ -4,13 +4,13 @@ meshes, two OS processes joined by jax.distributed, and a checkpoint moved acros
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.train.common import free_port
 from tests.train.conftest import REPO, read_losses, run, subprocess_env
 
 
@@ -36,15 +36,9 @@ def test_meshes_match_one_device_and_checkpoint_moves_between_meshes(reference_l
     assert restore["one_device"]["kernel_shard_shape"] == [32, 64]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow  # two processes, each importing and compiling: ~40 s on a quiet machine
 def test_two_processes_match_single_process(reference_losses, tmp_path):
-    address = f"localhost:{_free_port()}"
+    address = f"localhost:{free_port()}"
     worker = str(REPO / "tests/train/process_worker.py")
     procs = [subprocess.Popen([sys.executable, worker, str(i), "2", address, str(tmp_path)],
                               cwd=REPO, env=subprocess_env(devices=2), stdout=subprocess.PIPE,

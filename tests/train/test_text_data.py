@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bert_jax.data.features import DataCheckError
-from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.tasks.pretraining import data as data_lib
+from bert_jax.tokenization import load_tokenizer
 from tests.conftest import REPO
 from tests.train.common import text_config
 

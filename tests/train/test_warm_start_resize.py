@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bert_jax.convert.sources import open_source
-from bert_jax.data.tokenization import load_tokenizer
 from bert_jax.tasks import pretraining
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.train import warm_start
 from bert_jax.train.config import load_config
 from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB

@@ -29,7 +29,7 @@ from etils import epath
 from bert_jax import paths
 from bert_jax.data import checks, pretrain
 from bert_jax.data.features import DataCheckError, files_named
-from bert_jax.data.tokenization import vocab_info
+from bert_jax.tokenization import vocab_info
 from bert_jax.errors import FaultError, UserError
 from bert_jax.train.runtime import agree
 from data_prep import SAMPLE_CORPUS, SAMPLE_VOCAB  # package data of the installed data_prep

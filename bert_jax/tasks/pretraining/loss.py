@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bert_jax.models.attention_ops import platform
+from bert_jax.models.kernels.backend import platform
 
 
 def pretraining_loss(mlm_logits, nsp_logits: Optional[jnp.ndarray],

@@ -1,10 +1,10 @@
-"""The Pallas flash-attention kernel (models/attention_ops/pallas_flash.py) in interpret mode on
-CPU against the XLA reference (attention_ops/xla.py) with the hash dropout of
+"""The Pallas flash-attention kernel (models/kernels/attention/pallas_flash/) in interpret
+mode on CPU against the XLA reference (kernels/attention/xla.py) with the hash dropout of
 models/dropout.py (`Dropout(rate, impl="hash")` through flax apply): outputs and q, k, v
 gradients, with padding, dropout, several blocks, padded lengths and head dims, packed
 segments, and shard offsets; the fused backward kernel (keys in one block) and the
-multi-block one. float32 throughout, so the two paths differ only by summation
-order: rtol 1e-5 (atol 1e-6 of the largest value)."""
+multi-block one. float32 throughout, so the two paths differ only by summation order: rtol
+1e-5 (atol 1e-6 of the largest value)."""
 
 import importlib.util
 import os
@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models.attention_ops import pallas_flash, xla
 from bert_jax.models.dropout import Dropout, keep_mask
+from bert_jax.models.kernels.attention import pallas_flash, xla
 from tests.conftest import REPO
 from tests.models.helpers import assert_close
 
@@ -27,7 +27,7 @@ KEY = jax.random.key(7)  # the flax "dropout" rng of the call
 
 def _dropout_key(rate):
     """The key Dropout(rate, impl="hash") draws its mask from inside apply (flax derives
-    it from the rng passed in), i.e. what attention_ops hands the kernel."""
+    it from the rng passed in), i.e. what kernels.attention hands the kernel."""
     return Dropout(rate, impl="hash").apply({}, method="make_key", rngs={"dropout": KEY})
 
 
@@ -267,7 +267,7 @@ def test_model_options_reach_the_kernel(monkeypatch):
     # BertConfig's pallas_* fields arrive as the kernel's keyword arguments; unset (0)
     # ones are left to the kernel's defaults.
     from bert_jax.models import BertConfig, BertModel
-    from bert_jax.models import attention_ops
+    from bert_jax.models.kernels.backend import platform
 
     seen = []
     real = pallas_flash.flash_attention
@@ -284,7 +284,7 @@ def test_model_options_reach_the_kernel(monkeypatch):
     ids = jnp.ones((2, 24), jnp.int32)
     model = BertModel(config)
     params = model.init(jax.random.key(0), ids, jnp.ones_like(ids), jnp.zeros_like(ids))
-    assert attention_ops.platform() == "cpu" and not seen  # init takes the XLA path
+    assert platform() == "cpu" and not seen  # init takes the XLA path
     model.apply(params, ids, jnp.ones_like(ids), jnp.zeros_like(ids))
     assert len(seen) == 1
     assert {k: seen[0][k] for k in ("block_q", "bwd_block_k", "num_warps",
@@ -503,7 +503,7 @@ os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
 import jax, jax.numpy as jnp
 from jax.experimental import topologies
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-from bert_jax.models.attention_ops import pallas_flash
+from bert_jax.models.kernels.attention import pallas_flash
 with open(sys.argv[1]) as f:
     topo = topologies.get_topology_desc(platform="cuda", topology_name="",
                                         target_config=f.read(), topology="1x1x1")

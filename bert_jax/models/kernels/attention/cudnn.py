@@ -6,7 +6,7 @@
 The one module that calls jax's private cuDNN API, `jax._src.cudnn.fused_attention_stablehlo`
 (the public `jax.nn.dot_product_attention` takes no dropout). `check_api` compares the private
 function's parameters with the ones this module passes and raises CudnnApiError, naming the
-jax version, when they differ; tests/models/test_cudnn_attention.py pins them to the jax
+jax version, when they differ; tests/models/kernels/test_cudnn.py pins them to the jax
 versions it was read against (0.10.2; 0.11's source has the same signature).
 
 Masks. Rows of padding: cuDNN's padding mask, with every query row computed (query length:
@@ -73,8 +73,9 @@ class CudnnApiError(UserError, RuntimeError):
 
 
 @functools.lru_cache(maxsize=None)
-def _api():
-    """The private module, after check_api."""
+def private_api():
+    """jax's private cuDNN attention module, after check_api (cached: clear with
+    private_api.cache_clear())."""
     check_api()
     from jax._src.cudnn import fused_attention_stablehlo
     return fused_attention_stablehlo
@@ -104,7 +105,7 @@ def check_api() -> None:
 def cudnn_version() -> int:
     """The cuDNN library's version, or NOMINAL_CUDNN where jax finds no library."""
     try:
-        return int(_api().check_cudnn_version())
+        return int(private_api().check_cudnn_version())
     except CudnnApiError:
         raise
     except Exception:  # noqa: BLE001 - no library: a CPU host compiling for a GPU target
@@ -119,7 +120,7 @@ def attention(q, k, v, mask, *, dropout_rate: float = 0.0, seed: int = 0,
     cuDNN's dropout on the probabilities, from `seed` (a Python int in [0, 2**31)).
     packed_layout, max_segments: how packed rows reach cuDNN (module doc). Returns
     <half>[batch, length, heads, kv]."""
-    fas = _api()
+    fas = private_api()
     if not 0.0 <= dropout_rate < 1.0:
         raise ValueError(f"dropout_rate must be in [0, 1), got {dropout_rate}")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**31:

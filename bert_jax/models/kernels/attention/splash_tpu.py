@@ -5,7 +5,7 @@ Padding is given as segment ids (queries 1, keys their input_mask; packed rows: 
 ids for both); lengths are padded to a multiple of the 128-lane block inside. A row with no real key at all (an eval filler) is
 let attend to its first key, so that its output and gradients stay finite: splash's backward
 is not defined for a fully masked row. Such rows carry zero weight. Not yet run on TPU
-hardware here: tests/models/test_attention_ops.py checks it in interpret mode on CPU.
+hardware here: tests/models/kernels/test_attention.py checks it in interpret mode on CPU.
 
 A sliding window (window > 0) is splash's LocalMask((window, window)) on every head, so splash
 skips the blocks outside the band; segment ids still apply inside it. With a window a padding

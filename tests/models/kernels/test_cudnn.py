@@ -1,8 +1,9 @@
-"""The cuDNN attention path (attention_ops/cudnn.py): the private jax API it wraps, pinned to the
-jax versions it was read against; its packed layout by hand; the dispatch with dropout and
-packed rows; the compile for a GPU description (only where jax's CUDA plugin is importable);
-the mask checks of benchmarks/attention_masks.py on CPU against a stand-in kernel (our hash
-dropout through the XLA path) and broken ones; and, marked `gpu`, cuDNN itself."""
+"""The cuDNN attention path (models/kernels/attention/cudnn.py): the private jax API it wraps,
+pinned to the jax versions it was read against; its packed layout by hand; the dispatch with
+dropout and packed rows; the compile for a GPU description (only where jax's CUDA plugin is
+importable); the mask checks of benchmarks/attention_masks.py on CPU against a stand-in
+kernel (our hash dropout through the XLA path) and broken ones; and, marked `gpu`, cuDNN
+itself."""
 
 import importlib.util
 import inspect
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models.attention_ops import AttentionConfigError, cudnn, resolve
+from bert_jax.models.kernels.attention import AttentionConfigError, cudnn, resolve
 from tests.conftest import REPO
 from tests.models.helpers import tiny_config
 
@@ -52,13 +53,13 @@ def test_a_changed_private_api_is_one_error_naming_jax(monkeypatch):
         raise AssertionError("never called")
 
     monkeypatch.setattr(fas, "_dot_product_attention", renamed)
-    cudnn._api.cache_clear()
+    cudnn.private_api.cache_clear()
     try:
         with pytest.raises(cudnn.CudnnApiError, match=f"jax {jax.__version__}'s private cuDNN"):
             cudnn.attention(*(jnp.zeros((1, 8, 1, 8), jnp.bfloat16),) * 3,
                             jnp.ones((1, 8), bool))
     finally:
-        cudnn._api.cache_clear()
+        cudnn.private_api.cache_clear()
 
 
 def test_segments_layout_by_hand():
@@ -93,12 +94,12 @@ def test_auto_picks_what_it_picked():
 
 
 def test_each_layer_has_its_own_seed():
-    from bert_jax.models.attention import _cudnn_seeds
+    from bert_jax.models.attention import cudnn_seeds
 
-    seeds = _cudnn_seeds(("encoder", "layers", "attention"), 24)
+    seeds = cudnn_seeds(("encoder", "layers", "attention"), 24)
     assert len(set(seeds)) == 24 and all(0 <= s < 2**31 for s in seeds)
-    assert seeds[:12] == _cudnn_seeds(("encoder", "layers", "attention"), 12)
-    assert not set(seeds) & set(_cudnn_seeds(("encoder", "layer_0", "attention"), 24))
+    assert seeds[:12] == cudnn_seeds(("encoder", "layers", "attention"), 12)
+    assert not set(seeds) & set(cudnn_seeds(("encoder", "layer_0", "attention"), 24))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("jax_cuda12_plugin") is None,
@@ -108,9 +109,9 @@ def test_compiles_for_the_h100_description():
     if not GPU_TARGET.exists():
         pytest.skip(f"no GPU description at {GPU_TARGET}")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + sys.path))
-    done = subprocess.run([sys.executable, str(REPO / "tests/models/cudnn_compile_worker.py"),
-                           str(GPU_TARGET)], capture_output=True, text=True, env=env,
-                          timeout=600)
+    worker = REPO / "tests/models/kernels/cudnn_compile_worker.py"
+    done = subprocess.run([sys.executable, str(worker), str(GPU_TARGET)], capture_output=True,
+                          text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     calls = json.loads(done.stdout.strip().splitlines()[-1])
     fwd, bwd = "__cudnn$fmhaSoftmaxDropout", "__cudnn$fmhaSoftmaxDropoutBackward"
@@ -137,28 +138,9 @@ def test_compiles_for_the_h100_description():
 
 
 def _hash_standin(rate, broken=()):
-    """factory(seed) -> fn(q, k, v, mask, key): the XLA path with our hash dropout drawn
-    from (key, seed); broken: "heads" (one mask for every head) and / or "steps" (the key
-    ignored)."""
-    from bert_jax.models.attention_ops import xla as xla_attention
-    from bert_jax.models.dropout import keep_mask
-
-    masks = _masks_module()
-
-    def factory(seed):
-        def fn(q, k, v, mask, key):
-            if "steps" in broken:
-                key = jax.random.PRNGKey(0)
-            key = jax.random.fold_in(key, seed)
-            b, n, h, _ = q.shape
-            shape = (b, 1 if "heads" in broken else h, n, n)
-            keep = keep_mask(key, shape, rate)
-
-            def drop(p):
-                return jnp.where(keep, p / (1 - rate), 0).astype(p.dtype)
-            return xla_attention.attention(q, k, v, masks.allowed_pairs(mask)[:, 0], dropout=drop)
-        return fn
-    return factory
+    """attention_masks.standin_factory: the XLA path with our hash dropout drawn from (key,
+    seed); broken: "heads" (one mask for every head) and / or "steps" (the key ignored)."""
+    return _masks_module().standin_factory(rate, broken)
 
 
 @pytest.mark.parametrize("layout", ["packed", pytest.param("padded", marks=pytest.mark.slow)])

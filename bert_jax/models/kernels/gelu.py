@@ -27,7 +27,7 @@ Numerics are jax's for the expression above: h is rounded to the compute dtype b
 (on GPU, XLA's excess-precision rewrite skips that rounding in its own fusions), the bias
 gradient is the float32 sum of dh as rounded (what PyTorch's autocast accumulates). erf is
 Eigen's rational approximation for float32 (Pallas has no erf on GPU), 5e-7 from the exact
-erf as lax.erf is (tests/models/test_gelu_ops.py).
+erf as lax.erf is (tests/models/kernels/test_gelu.py).
 
 model.gelu_backward picks the path (see path()): "auto" (on GPU for a bfloat16 / float16
 exact-GELU FFN, bias_gelu without remat and gelu_matmul under it; else XLA's), "xla",
@@ -36,6 +36,7 @@ exact-GELU FFN, bias_gelu without remat and gelu_matmul under it; else XLA's), "
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -44,18 +45,47 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.models.backend import axes_size, platform, sharded_axes
+from bert_jax.models.kernels.backend import axes_size, platform, sharded_axes
 
 try:  # jax's Triton-specific Pallas options; optional
     from jax.experimental.pallas import triton as _triton
 except ImportError:  # pragma: no cover
     _triton = None
 
-ROWS = 128   # rows (tokens) per program: the column sums are written once per ROWS rows
-CHUNK = 8    # rows per step inside a program: [8, 512] float32 tiles are 32 values a thread
-COLS = 512   # columns per program (the largest power of two dividing the width, up to it)
-# Not yet tuned on a GPU (benchmarks/RESULTS.md): 4 warps, so that each step's few float32
-# tiles and the [CHUNK, COLS] accumulator stay in registers.
+
+
+@dataclasses.dataclass(frozen=True)
+class GeluTuning:
+    """The backward kernel's launch parameters. They change speed, not results: dh and y
+    are elementwise, bit for bit under any tuning; only the bias gradient's float32
+    summation order follows rows and chunk (benchmarks/kernel_bandwidth.py checks both).
+
+    rows: rows (tokens) per program, at most (the largest power of two dividing the rows,
+      up to it): the column sums are written once per program.
+    chunk: rows per step inside a program; [chunk, cols] float32 tiles, 32 values a
+      thread at the defaults (8 x 512 over 4 warps), and a [chunk, cols] accumulator.
+    cols: columns per program, at most (the largest power of two dividing the width).
+    num_warps, num_stages: Triton's (stages would pipeline the loads of the loop over chunks).
+    Not yet tuned on a GPU: 4 warps, so that each step's few float32 tiles and the
+    accumulator stay in registers, which also bounds the warps an SM holds.
+    benchmarks/kernel_bandwidth.py --sweep is the instrument (benchmarks/RESULTS.md)."""
+
+    rows: int = 128
+    chunk: int = 8
+    cols: int = 512
+    num_warps: int = 4
+    num_stages: int = 1
+
+    def __post_init__(self):
+        for name in ("rows", "chunk", "cols", "num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"GeluTuning.{name}={value}: a power of two (Triton's tiles)")
+        if self.chunk > self.rows or self.num_stages < 1:
+            raise ValueError(f"GeluTuning: chunk <= rows and num_stages >= 1, got {self}")
+
+
+TUNING = GeluTuning()  # what the model's kernels run with
 
 
 def gelu_erf(x):
@@ -112,17 +142,18 @@ def _largest_pow2_divisor(n: int, cap: int) -> int:
     return d
 
 
-def blocks(rows: int, width: int):
+def blocks(rows: int, width: int, tuning: GeluTuning = TUNING):
     """(row block, column block) of the backward kernel for [rows, width], or None when
-    the shapes do not tile (a row block under CHUNK or a column block under 16: XLA then)."""
-    br = _largest_pow2_divisor(rows, ROWS)
-    bw = _largest_pow2_divisor(width, COLS)
-    if br < CHUNK or bw < 16:
+    the shapes do not tile (a row block under tuning.chunk or a column block under 16: XLA
+    then)."""
+    br = _largest_pow2_divisor(rows, tuning.rows)
+    bw = _largest_pow2_divisor(width, tuning.cols)
+    if br < tuning.chunk or bw < 16:
         return None
     return br, bw
 
 
-def _bwd_kernel(p_ref, b_ref, g_ref, *out_refs, with_output: bool):
+def _bwd_kernel(p_ref, b_ref, g_ref, *out_refs, with_output: bool, chunk: int):
     """One [br, bw] block: dh = GELU'(h) g rounded to the dtype, h = (p + b) rounded, and
     the float32 column sums of dh (part_ref: <f32>[bw]); with_output: also y = GELU(h)
     rounded (y_ref first), the forward's output again for a backward pass that needs it."""
@@ -130,8 +161,8 @@ def _bwd_kernel(p_ref, b_ref, g_ref, *out_refs, with_output: bool):
     bias = b_ref[...].astype(jnp.float32)
     br = p_ref.shape[0]
 
-    def body(i, acc):  # acc: <f32>[CHUNK, bw], summed over its rows once, at the end
-        rows = pl.ds(i * CHUNK, CHUNK)
+    def body(i, acc):  # acc: <f32>[chunk, bw], summed over its rows once, at the end
+        rows = pl.ds(i * chunk, chunk)
         p = p_ref[rows, :]
         h = (p.astype(jnp.float32) + bias[None, :]).astype(p.dtype).astype(jnp.float32)
         erf = erf_f32(h * 0.7071067811865476)
@@ -142,33 +173,36 @@ def _bwd_kernel(p_ref, b_ref, g_ref, *out_refs, with_output: bool):
         dh_ref[rows, :] = dh
         return acc + dh.astype(jnp.float32)
 
-    acc = jax.lax.fori_loop(0, br // CHUNK, body,
-                            jnp.zeros((CHUNK, p_ref.shape[1]), jnp.float32))
+    acc = jax.lax.fori_loop(0, br // chunk, body,
+                            jnp.zeros((chunk, p_ref.shape[1]), jnp.float32))
     part_ref[...] = jnp.sum(acc, axis=0)
 
 
-def _compiler_params():
+def _compiler_params(tuning: GeluTuning):
     params = (getattr(_triton, "CompilerParams", None)
               or getattr(_triton, "TritonCompilerParams", None))
-    return None if params is None else params(num_warps=4, num_stages=1)
+    return None if params is None else params(num_warps=tuning.num_warps,
+                                              num_stages=tuning.num_stages)
 
 
-def gelu_backward(p, bias, g, *, with_output: bool = False, interpret: bool = False):
+def gelu_backward(p, bias, g, *, with_output: bool = False, interpret: bool = False,
+                  tuning: GeluTuning = TUNING):
     """(dh, db) of bias_gelu at p for the cotangent g: p, g <dtype>[rows, width], bias
     <f32>[width]; dh <dtype>[rows, width], db <f32>[width]. with_output: (y, dh, db), y the
-    forward's output recomputed in the same pass. Shapes must tile (blocks())."""
+    forward's output recomputed in the same pass. Shapes must tile (blocks(rows, width,
+    tuning)); tuning: the launch parameters (the model's: TUNING)."""
     rows, width = p.shape
-    br, bw = blocks(rows, width)
+    br, bw = blocks(rows, width, tuning)
     block = pl.BlockSpec((br, bw), lambda i, j: (i, j))
     full = jax.ShapeDtypeStruct(p.shape, p.dtype)
     *outs, part = pl.pallas_call(
-        functools.partial(_bwd_kernel, with_output=with_output),
+        functools.partial(_bwd_kernel, with_output=with_output, chunk=tuning.chunk),
         grid=(rows // br, width // bw),
         in_specs=[block, pl.BlockSpec((bw,), lambda i, j: (j,)), block],
         out_specs=[block] * (1 + with_output) + [pl.BlockSpec((None, bw), lambda i, j: (i, j))],
         out_shape=[full] * (1 + with_output) + [
             jax.ShapeDtypeStruct((rows // br, width), jnp.float32)],
-        compiler_params=None if interpret else _compiler_params(), interpret=interpret,
+        compiler_params=None if interpret else _compiler_params(tuning), interpret=interpret,
         name="gelu_backward",
     )(p, bias.astype(jnp.float32), g.astype(p.dtype))
     return (*outs, jnp.sum(part, axis=0))

@@ -34,7 +34,7 @@ dz = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy scale, rounded to the dt
 the dropout mask and scale in the dtype; the parameter gradients are float32 sums. Up to
 float32 summation order this is what jax's own backward pass of the expression computes,
 with one rounding fewer: jax rounds the input gradient's two terms to the dtype and adds
-them there (tests/models/test_norm_ops.py, in Pallas' interpret mode on CPU, where the
+them there (tests/models/kernels/test_residual_norm.py, in Pallas' interpret mode on CPU, where the
 kernels spell their dtype roundings out: see _round).
 
 model.residual_norm picks the path (see path()): "auto" (the kernels on GPU for a post-LN
@@ -44,6 +44,7 @@ model in bfloat16 / float16 with hash dropout and no remat; else XLA's), "xla", 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -53,41 +54,78 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.models.backend import axes_size, platform, sharded_axes
-from bert_jax.models.dropout import _GOLDEN, _fmix32, drop_threshold
+from bert_jax.models.kernels.backend import axes_size, platform, sharded_axes
+from bert_jax.models.kernels.dropout_hash import GOLDEN, drop_threshold, fmix32
 
 try:  # jax's Triton-specific Pallas options; optional
     from jax.experimental.pallas import triton as _triton
 except ImportError:  # pragma: no cover
     _triton = None
 
-FWD_ROWS = 8     # rows per program of the forward kernel (each row's statistics in one pass)
-BWD_ROWS = 128   # rows per program of the backward kernel (at most; the largest power of two
-#                  dividing the rows): its column sums are written once per program
-STEP = 8         # rows per step inside a backward program
-CHUNK = 256      # columns per load: the hidden size is read as hidden / chunk power-of-two
-# tiles (Triton's tiles are powers of two; 768 = 3 x 256). Not yet tuned on a GPU.
 
 
-def chunk(width: int) -> int | None:
-    """The column tile for rows of `width`: its largest power-of-two divisor up to CHUNK, or
+@dataclasses.dataclass(frozen=True)
+class NormTuning:
+    """The two kernels' launch parameters. They change speed, not results, up to float32
+    summation order: z is elementwise, bit for bit under any tuning; the statistics follow
+    fwd_chunk, the column sums bwd_rows, bwd_step and bwd_chunk (benchmarks/
+    kernel_bandwidth.py checks each tuning against the defaults).
+
+    fwd_rows: rows per program of the forward kernel (each row's statistics in one pass).
+    fwd_chunk, bwd_chunk: columns per load, at most: the hidden size is read as hidden /
+      chunk power-of-two tiles (Triton's tiles are powers of two; 768 = 3 x 256).
+    bwd_rows: rows per program of the backward kernel, at most (the largest power of two
+      dividing the rows): its column sums are written once per program.
+    bwd_step: rows per step inside a backward program; it keeps three float32 [bwd_step,
+      hidden] arrays live (the normalised input, the scaled and the plain cotangent).
+    *_num_warps, *_num_stages: Triton's, per kernel (stages pipeline the backward's loop
+      over steps; the forward has no loop). Not yet tuned on a GPU:
+      benchmarks/kernel_bandwidth.py --sweep is the instrument (benchmarks/RESULTS.md)."""
+
+    fwd_rows: int = 8
+    fwd_chunk: int = 256
+    fwd_num_warps: int = 4
+    fwd_num_stages: int = 1
+    bwd_rows: int = 128
+    bwd_step: int = 8
+    bwd_chunk: int = 256
+    bwd_num_warps: int = 4
+    bwd_num_stages: int = 1
+
+    def __post_init__(self):
+        for name in ("fwd_rows", "fwd_chunk", "fwd_num_warps", "bwd_rows", "bwd_step",
+                     "bwd_chunk", "bwd_num_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"NormTuning.{name}={value}: a power of two (Triton's tiles)")
+        if self.bwd_step > self.bwd_rows or min(self.fwd_num_stages, self.bwd_num_stages) < 1:
+            raise ValueError(f"NormTuning: bwd_step <= bwd_rows and stages >= 1, got {self}")
+
+
+TUNING = NormTuning()  # what the model's kernels run with
+
+
+def chunk(width: int, cap: int = TUNING.bwd_chunk) -> int | None:
+    """The column tile for rows of `width`: its largest power-of-two divisor up to `cap`, or
     None when that is under 16 (XLA then)."""
     c = 1
-    while c < CHUNK and width % (2 * c) == 0:
+    while c < cap and width % (2 * c) == 0:
         c *= 2
     return c if c >= 16 else None
 
 
-def tiles(rows: int, width: int) -> bool:
+def tiles(rows: int, width: int, tuning: NormTuning = TUNING) -> bool:
     """Whether [rows, width] operands fit the kernels' blocks."""
-    return chunk(width) is not None and rows % max(FWD_ROWS, STEP) == 0
+    return (chunk(width, tuning.fwd_chunk) is not None
+            and chunk(width, tuning.bwd_chunk) is not None
+            and rows % max(tuning.fwd_rows, tuning.bwd_step) == 0)
 
 
-def backward_rows(rows: int) -> int:
+def backward_rows(rows: int, tuning: NormTuning = TUNING) -> int:
     """Rows per program of the backward kernel: the largest power of two dividing `rows`,
-    up to BWD_ROWS."""
-    n = STEP
-    while n < BWD_ROWS and rows % (2 * n) == 0:
+    up to tuning.bwd_rows."""
+    n = tuning.bwd_step
+    while n < tuning.bwd_rows and rows % (2 * n) == 0:
         n *= 2
     return n
 
@@ -101,13 +139,13 @@ def _row_hash(v_ref, first_row, n):
     """<uint32>[n]: fmix32(row ^ s0) ^ s1 (dropout._seeded_bits) for rows first_row ..."""
     rows = (_seeds_u32(v_ref, 2) + jnp.asarray(first_row).astype(jnp.uint32)
             + jax.lax.iota(jnp.int32, n).astype(jnp.uint32))
-    return _fmix32(rows ^ _seeds_u32(v_ref, 0)) ^ _seeds_u32(v_ref, 1)
+    return fmix32(rows ^ _seeds_u32(v_ref, 0)) ^ _seeds_u32(v_ref, 1)
 
 
 def _keep(row_hash, first_col, n, threshold):
     """<bool>[rows, n]: the hash mask's kept elements in columns first_col ..."""
-    cols = (first_col + jax.lax.iota(jnp.int32, n)).astype(jnp.uint32) * np.uint32(_GOLDEN)
-    return _fmix32(row_hash[:, None] + cols[None, :]) >= np.uint32(threshold)
+    cols = (first_col + jax.lax.iota(jnp.int32, n)).astype(jnp.uint32) * np.uint32(GOLDEN)
+    return fmix32(row_hash[:, None] + cols[None, :]) >= np.uint32(threshold)
 
 
 def _round(x, dtype, exact):
@@ -152,7 +190,7 @@ def _fwd_kernel(v_ref, p_ref, r_ref, y_ref, z_ref, mean_ref, rstd_ref, *, thresh
         y_ref[:, cols] = y.astype(y_ref.dtype)
 
 
-def _bwd_kernel(v_ref, *refs, threshold, drop_scale, width, c, n_dy, exact):
+def _bwd_kernel(v_ref, *refs, threshold, drop_scale, width, c, n_dy, exact, step):
     dy_refs, (z_ref, mean_ref, rstd_ref, dr_ref, dp_ref, part_ref) = refs[:n_dy], refs[n_dy:]
     n = z_ref.shape[0]
     dtype = z_ref.dtype
@@ -160,12 +198,12 @@ def _bwd_kernel(v_ref, *refs, threshold, drop_scale, width, c, n_dy, exact):
     first = pl.program_id(0) * n
 
     def body(i, acc):  # acc: (scale, shift, bias) gradient sums, nc <f32>[c] tiles each
-        rows = pl.ds(i * STEP, STEP)
+        rows = pl.ds(i * step, step)
         mean = mean_ref[rows][:, None]
         rstd = rstd_ref[rows][:, None]
         xs, gs, dys = [], [], []
-        a = jnp.zeros((STEP,), jnp.float32)
-        b = jnp.zeros((STEP,), jnp.float32)
+        a = jnp.zeros((step,), jnp.float32)
+        b = jnp.zeros((step,), jnp.float32)
         for j in range(nc):
             cols = pl.ds(j * c, c)
             x = (z_ref[rows, cols].astype(jnp.float32) - mean) * rstd
@@ -180,7 +218,7 @@ def _bwd_kernel(v_ref, *refs, threshold, drop_scale, width, c, n_dy, exact):
             dys.append(dy)
         a = a[:, None] / width
         b = b[:, None] / width
-        row_hash = _row_hash(v_ref, first + i * STEP, STEP) if threshold else None
+        row_hash = _row_hash(v_ref, first + i * step, step) if threshold else None
         d_scale, d_shift, d_bias = (list(t) for t in acc)
         for j in range(nc):
             cols = pl.ds(j * c, c)
@@ -198,7 +236,7 @@ def _bwd_kernel(v_ref, *refs, threshold, drop_scale, width, c, n_dy, exact):
         return tuple(d_scale), tuple(d_shift), tuple(d_bias)
 
     zero = tuple(jnp.zeros((c,), jnp.float32) for _ in range(nc))
-    d_scale, d_shift, d_bias = jax.lax.fori_loop(0, n // STEP, body, (zero, zero, zero))
+    d_scale, d_shift, d_bias = jax.lax.fori_loop(0, n // step, body, (zero, zero, zero))
     # the rows of the vectors' gradient: bias, scale, shift, and none for the seeds' row
     for k, tiles_ in enumerate((d_bias, d_scale, d_shift, zero)):
         for j, t in enumerate(tiles_):
@@ -210,10 +248,10 @@ def _drop_scale(rate: float) -> float:
     return 1.0 / (1.0 - drop_threshold(rate) / 2.0**32)
 
 
-def _compiler_params(num_warps: int = 4):
+def _compiler_params(num_warps: int, num_stages: int):
     params = (getattr(_triton, "CompilerParams", None)
               or getattr(_triton, "TritonCompilerParams", None))
-    return None if params is None else params(num_warps=num_warps, num_stages=1)
+    return None if params is None else params(num_warps=num_warps, num_stages=num_stages)
 
 
 def vectors(bias, scale, shift, seeds, row_offset=0):
@@ -236,48 +274,54 @@ def _with_row_offset(v, offset):
     return v.at[3].set(jax.lax.bitcast_convert_type(u.at[2].add(offset), jnp.float32))
 
 
-def forward(p, residual, v, *, rate, eps, interpret=False):
-    """The forward kernel on [rows, width] operands and vectors() v: (y, z, mean, rstd)."""
+def forward(p, residual, v, *, rate, eps, interpret=False, tuning: NormTuning = TUNING):
+    """The forward kernel on [rows, width] operands and vectors() v: (y, z, mean, rstd),
+    y and z <dtype>[rows, width], mean and rstd <f32>[rows]. tuning: the launch parameters
+    (the model's: TUNING; rows must tile them, tiles())."""
     rows, width = p.shape
-    c = chunk(width)
-    block = pl.BlockSpec((FWD_ROWS, width), lambda i: (i, 0))
-    stat = pl.BlockSpec((FWD_ROWS,), lambda i: (i,))
+    c = chunk(width, tuning.fwd_chunk)
+    n = tuning.fwd_rows
+    block = pl.BlockSpec((n, width), lambda i: (i, 0))
+    stat = pl.BlockSpec((n,), lambda i: (i,))
     return pl.pallas_call(
         functools.partial(_fwd_kernel, threshold=drop_threshold(rate),
                           drop_scale=_drop_scale(rate), eps=eps, width=width, c=c,
                           exact=interpret),
-        grid=(rows // FWD_ROWS,),
+        grid=(rows // n,),
         in_specs=[pl.BlockSpec((4, width), lambda i: (0, 0)), block, block],
         out_specs=[block, block, stat, stat],
         out_shape=[jax.ShapeDtypeStruct((rows, width), p.dtype)] * 2
         + [jax.ShapeDtypeStruct((rows,), jnp.float32)] * 2,
-        compiler_params=None if interpret else _compiler_params(), interpret=interpret,
-        name="residual_norm_fwd",
+        compiler_params=None if interpret else _compiler_params(tuning.fwd_num_warps,
+                                                                tuning.fwd_num_stages),
+        interpret=interpret, name="residual_norm_fwd",
     )(v, p, residual.astype(p.dtype))
 
 
-def backward(dys, z, mean, rstd, v, *, rate, interpret=False):
+def backward(dys, z, mean, rstd, v, *, rate, interpret=False, tuning: NormTuning = TUNING):
     """The backward kernel on [rows, width] operands: dys, the cotangents of the output's
     copies (summed in the kernel); returns (d_residual, d_p, d_v) with d_v <f32>[4, width]
-    the float32 column sums: bias, scale and shift gradients, zeros for the seeds' row."""
+    the float32 column sums: bias, scale and shift gradients, zeros for the seeds' row.
+    tuning: the launch parameters (the model's: TUNING)."""
     rows, width = z.shape
-    c = chunk(width)
-    n = backward_rows(rows)
+    c = chunk(width, tuning.bwd_chunk)
+    n = backward_rows(rows, tuning)
     block = pl.BlockSpec((n, width), lambda i: (i, 0))
     stat = pl.BlockSpec((n,), lambda i: (i,))
     programs = rows // n
     dr, dp, part = pl.pallas_call(
         functools.partial(_bwd_kernel, threshold=drop_threshold(rate),
                           drop_scale=_drop_scale(rate), width=width, c=c, n_dy=len(dys),
-                          exact=interpret),
+                          exact=interpret, step=tuning.bwd_step),
         grid=(programs,),
         in_specs=[pl.BlockSpec((4, width), lambda i: (0, 0))] + [block] * (len(dys) + 1)
         + [stat, stat],
         out_specs=[block, block, pl.BlockSpec((None, 4 * width), lambda i: (i, 0))],
         out_shape=[jax.ShapeDtypeStruct((rows, width), z.dtype)] * 2
         + [jax.ShapeDtypeStruct((programs, 4 * width), jnp.float32)],
-        compiler_params=None if interpret else _compiler_params(), interpret=interpret,
-        name="residual_norm_bwd",
+        compiler_params=None if interpret else _compiler_params(tuning.bwd_num_warps,
+                                                                tuning.bwd_num_stages),
+        interpret=interpret, name="residual_norm_bwd",
     )(v, *(d.astype(z.dtype) for d in dys), z, mean, rstd)
     return dr, dp, jnp.sum(part, axis=0).reshape(4, width)
 
@@ -381,7 +425,7 @@ def residual_norm(p, bias, residual, scale, shift, seeds, *, rate: float, eps: f
     for CPU."""
     if not fits(p.shape):
         raise ValueError(f"residual_norm: activations {p.shape} do not fit the kernels "
-                         f"(check norm_ops.fits first)")
+                         f"(check kernels.residual_norm.fits first)")
     if interpret is None:
         interpret = platform() == "cpu"
     if seeds is None:

@@ -1,4 +1,4 @@
-"""Subprocess body of tests/models/test_cudnn_attention.py: compiles attention_ops' cuDNN path
+"""Subprocess body of tests/models/kernels/test_cudnn.py: compiles kernels.attention's cuDNN path
 for a GPU description (argv[1], a GPU target text proto) on this CPU host, through jax's CUDA
 plugin (no GPU, no cuDNN library), and prints one JSON line: per case, the cuDNN custom calls
 of the optimized HLO, each as [target, mask_type, dropout_rate, seed]."""
@@ -10,16 +10,17 @@ import sys
 
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = "1"
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3)))
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P
 
 from bert_jax.models import BertForPreTraining  # noqa: E402
-from bert_jax.models import attention_ops  # noqa: E402
+from bert_jax.models.kernels import attention as attention_kernels  # noqa: E402
 from tests.models.helpers import tiny_config  # noqa: E402
 
 CALL = re.compile(r'custom_call_target="(__cudnn\$fmha[A-Za-z0-9]*)".*?"mask_type":\s*"(\w+)"'
@@ -44,7 +45,7 @@ def main(target_path: str) -> None:
     def attention_case(mask_dtype, rate):
         def step(q, k, v, mask, key):
             def attend(q, k, v):
-                return attention_ops.fused("cudnn", q, k, v, mask, dropout_rate=rate,
+                return attention_kernels.fused("cudnn", q, k, v, mask, dropout_rate=rate,
                                            dropout_key=key if rate else None, cudnn_seed=7)
             o, vjp = jax.vjp(attend, q, k, v)
             return o, vjp(o)

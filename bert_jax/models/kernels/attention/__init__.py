@@ -2,7 +2,7 @@
 
     impl = resolve(config.attention, platform(), config, training)   # "xla" | "cudnn" | "pallas"
 
-Paths (one file each):
+Paths (one module each):
   xla     scores, float32 softmax, dropout on the probabilities, values: the reference,
           bit for bit the numerics bert_jax always had; any platform, any dropout masks.
   cudnn   cuDNN's fused flash attention (cudnn.py, GPU, bfloat16 / float16), with cuDNN's own
@@ -11,7 +11,7 @@ Paths (one file each):
           runs draw other masks, data-parallel shards repeat each other's). `auto` takes
           it only without attention dropout: evaluation and prediction, and training
           with `model.attention_probs_dropout_prob=0`.
-  pallas  on GPU (and CPU) our flash-attention kernel (pallas_flash.py): probabilities
+  pallas  on GPU (and CPU) our flash-attention kernel (pallas_flash/): probabilities
           never leave the kernel, and the paper's attention-probability dropout is applied
           inside it with the same counter-based hash masks as the XLA path
           (`model.dropout_rng="hash"`), regenerated in the backward pass instead of stored.
@@ -47,9 +47,9 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 
 from bert_jax.errors import UserError
-from bert_jax.models.attention_ops import cudnn, pallas_flash, splash_tpu
-from bert_jax.models.backend import axes_size, platform, sharded_axes
 from bert_jax.models.dropout import draw_seeds
+from bert_jax.models.kernels.attention import cudnn, pallas_flash, splash_tpu
+from bert_jax.models.kernels.backend import axes_size, platform, sharded_axes
 from bert_jax.models.layers import add_bias
 
 IMPLS = ("auto", "xla", "cudnn", "pallas")

@@ -1,5 +1,5 @@
 """The XLA attention path: scores, float32 softmax, dropout on the probabilities, values.
-The reference every other path is tested against (tests/models/test_attention_ops.py)."""
+The reference every other path is tested against (tests/models/kernels/test_attention.py)."""
 
 from __future__ import annotations
 

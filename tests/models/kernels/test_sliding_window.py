@@ -1,7 +1,7 @@
 """Sliding-window attention (`window` > 0: query i attends key j only if |i - j| <= window, on
 top of the padding / packing rule) on every attention path against the XLA reference
-(attention_ops/xla.py, window=...): the Pallas kernel in interpret mode through
-attention_ops.fused, outputs and q / k / v gradients, with padding (rows with no allowed key
+(kernels/attention/xla.py, window=...): the Pallas kernel in interpret mode through
+kernels.attention.fused, outputs and q / k / v gradients, with padding (rows with no allowed key
 in their band included), packed rows, hash dropout, block-size options and lengths that are
 not a multiple of the block; the kernel's block skipping (loop bounds on numbers, and keys
 poisoned with NaN outside every visited block); splash's LocalMask on TPU in interpret
@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models import attention_ops
-from bert_jax.models.attention_ops import AttentionConfigError, pallas_flash, resolve, xla
 from bert_jax.models.dropout import Dropout
+from bert_jax.models.kernels import attention as attention_kernels
+from bert_jax.models.kernels.attention import AttentionConfigError, pallas_flash, resolve, xla
+from bert_jax.models.kernels.attention.pallas_flash import tiling
 from tests.models.helpers import assert_close, tiny_config
 
 KEY = jax.random.key(7)  # the flax "dropout" rng of the call
@@ -44,7 +45,7 @@ def _reference(q, k, v, mask, window, rate=0.0):
 
 
 def _pallas(q, k, v, mask, window, rate=0.0, **options):
-    return attention_ops.fused("pallas", q, k, v, mask, dropout_rate=rate,
+    return attention_kernels.fused("pallas", q, k, v, mask, dropout_rate=rate,
                                dropout_key=_dropout_key(rate) if rate else None,
                                pallas_options={**BLOCKS, **options}, window=window)
 
@@ -213,34 +214,34 @@ def test_loop_bounds_visit_only_the_blocks_of_the_band():
     # 64 tokens, window 5, 16 x 16 blocks: query block 0 (rows 0-15) needs keys 0-20 (key
     # blocks 0, 1); block 1 keys 11-36 (0-2); block 3 keys 43-63 (2, 3).
     cfg = _cfg(64, 5)
-    assert [_ints(pallas_flash.kv_block_range(i * 16, 16, 16, 4, cfg)) for i in range(4)] == [
+    assert [_ints(tiling.kv_block_range(i * 16, 16, 16, 4, cfg)) for i in range(4)] == [
         (0, 2), (0, 3), (1, 4), (2, 4)]
     # dK/dV: key block 0 is seen by rows 0-20 (query blocks 0, 1); key block 2 by rows 27-52
-    assert [_ints(pallas_flash.q_block_range(j * 16, 16, 16, 4, cfg)) for j in range(4)] == [
+    assert [_ints(tiling.q_block_range(j * 16, 16, 16, 4, cfg)) for j in range(4)] == [
         (0, 2), (0, 3), (1, 4), (2, 4)]
-    assert _ints(pallas_flash.kv_block_range(16, 16, 16, 4, _cfg(64, 0))) == (0, 4)  # global
+    assert _ints(tiling.kv_block_range(16, 16, 16, 4, _cfg(64, 0))) == (0, 4)  # global
     # 40 real rows padded to 64: the all-added block 3 (rows 48-63) takes row 39's band
     # (keys 34-39, key block 2); key block 3 (padding keys only) is seen by no real row
     # near enough, so the dK/dV loop there is empty.
     cfg = _cfg(40, 5)
-    assert _ints(pallas_flash.kv_block_range(48, 16, 16, 4, cfg)) == (2, 3)
-    lo, hi = _ints(pallas_flash.q_block_range(48, 16, 16, 4, cfg))
+    assert _ints(tiling.kv_block_range(48, 16, 16, 4, cfg)) == (2, 3)
+    lo, hi = _ints(tiling.q_block_range(48, 16, 16, 4, cfg))
     assert hi == lo
     # ModernBERT's shapes: 8192 tokens, window 64 (128 wide), 128 x 64 blocks: each query
     # block walks 4 key blocks of 128, each key block 3 query blocks of 64 (global: 128).
     cfg = _cfg(8192, 64)
-    fwd = [np.subtract(*_ints(pallas_flash.kv_block_range(i * 128, 128, 64, 128, cfg)))
+    fwd = [np.subtract(*_ints(tiling.kv_block_range(i * 128, 128, 64, 128, cfg)))
            for i in range(64)]
     assert max(-f for f in fwd) == 4 and sum(-f for f in fwd) < 4 * 64
-    bwd = [np.subtract(*_ints(pallas_flash.q_block_range(j * 64, 64, 64, 128, cfg)))
+    bwd = [np.subtract(*_ints(tiling.q_block_range(j * 64, 64, 64, 128, cfg)))
            for j in range(128)]
     assert max(-b for b in bwd) == 3
     # visited_blocks (benchmarks' FLOPs estimate) adds them up: 254 of the forward's 8192
     # block pairs (band 129 wide over 128-row blocks), 382 of the backward's 16384
-    assert pallas_flash.visited_blocks(8192, 64) == {
+    assert tiling.visited_blocks(8192, 64) == {
         "fwd": (128, 64, 254, 8192), "dq": (64, 64, 382, 16384), "dkdv": (64, 64, 382, 16384)}
-    assert pallas_flash.visited_blocks(8192, 0)["fwd"] == (128, 64, 8192, 8192)
-    assert pallas_flash.visited_blocks(64, 63)["dkdv"][2:] == (1, 1)  # as wide as the row
+    assert tiling.visited_blocks(8192, 0)["fwd"] == (128, 64, 8192, 8192)
+    assert tiling.visited_blocks(64, 63)["dkdv"][2:] == (1, 1)  # as wide as the row
 
 
 @pytest.mark.slow
@@ -249,7 +250,9 @@ def test_the_window_benchmark_runs_on_cpu():
     import subprocess
     import sys
 
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tests.conftest import REPO
+
+    repo = str(REPO)
     out = subprocess.run(
         [sys.executable, "benchmarks/attention_window.py", "--length=64", "--window=5",
          "--batch=1", "--heads=1", "--head_dim=16", "--steps=1", "--block_q=16",
@@ -299,7 +302,7 @@ def test_pallas_window_at_larger_sizes(length, window, packed, rate):
     mask = (_packed(length, [(100, 90, 60), (length - 3,)]) if packed
             else _padding(length, [length, 123]))
     want = _value_and_grads(lambda *a: _reference(*a, mask, window, rate), q, k, v, w)
-    got = _value_and_grads(lambda *a: attention_ops.fused(
+    got = _value_and_grads(lambda *a: attention_kernels.fused(
         "pallas", *a, mask, dropout_rate=rate,
         dropout_key=_dropout_key(rate) if rate else None,
         pallas_options=dict(block_q=64, block_k=32, bwd_block_q=32, bwd_block_k=64),
@@ -311,8 +314,9 @@ def test_pallas_window_at_larger_sizes(length, window, packed, rate):
 
 
 def test_splash_head_mask_is_the_band():
-    from bert_jax.models.attention_ops import splash_tpu
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    from bert_jax.models.kernels.attention import splash_tpu
 
     local = splash_tpu.head_mask(384, 16)
     assert isinstance(local, sm.LocalMask) and local.window_size == (16, 16)
@@ -326,7 +330,8 @@ def test_splash_skips_the_blocks_outside_the_band():
     # the 10 blocks on and beside the diagonal of 16.
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info
-    from bert_jax.models.attention_ops import splash_tpu
+
+    from bert_jax.models.kernels.attention import splash_tpu
 
     def visited(window):
         info, _ = splash_attention_mask_info.process_mask(
@@ -348,7 +353,7 @@ def test_splash_window_compiles_for_a_tpu(monkeypatch):
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from bert_jax.models.attention_ops import splash_tpu
+    from bert_jax.models.kernels.attention import splash_tpu
 
     # as tests/test_tpu_compile.py: metadata libtpu would look up on a TPU VM
     for name, value in (("TPU_ACCELERATOR_TYPE", "v5litepod-4"),
@@ -374,7 +379,7 @@ def test_splash_window_compiles_for_a_tpu(monkeypatch):
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_splash_window_equals_xla_in_interpret_mode(packed):
-    from bert_jax.models.attention_ops import splash_tpu
+    from bert_jax.models.kernels.attention import splash_tpu
 
     length, window = 128, 16
     q, k, v, w = _inputs(2, length, seed=2)
@@ -420,14 +425,14 @@ def test_explicit_cudnn_refuses_a_window():
         resolve("cudnn", "gpu", config, False, window=64)
     with pytest.raises(AttentionConfigError, match="model.attention=cudnn cannot run"):
         x = jnp.zeros((1, 16, 1, 16), jnp.bfloat16)
-        attention_ops.fused("cudnn", x, x, x, jnp.ones((1, 16), bool), window=4)
+        attention_kernels.fused("cudnn", x, x, x, jnp.ones((1, 16), bool), window=4)
     with pytest.raises(AttentionConfigError, match="window must be an integer >= 0"):
         resolve("auto", "gpu", config, False, window=-1)
 
 
 def test_describe_names_the_window_layers_paths():
     config = tiny_config(dtype="bfloat16", attention_probs_dropout_prob=0.0)
-    line = attention_ops.describe(config, "gpu", window=64)
+    line = attention_kernels.describe(config, "gpu", window=64)
     assert line.startswith("attention cudnn (train), cudnn (eval); window 64 layers pallas "
                            "(train), pallas (eval) [model.attention=auto]")
-    assert "window" not in attention_ops.describe(config, "gpu")
+    assert "window" not in attention_kernels.describe(config, "gpu")

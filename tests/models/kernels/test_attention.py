@@ -2,8 +2,6 @@
 that runs on CPU (XLA; the Pallas kernel in interpret mode) against the XLA reference
 through the whole model, outputs and gradients, with padding and dropout."""
 
-import os
-
 import flax
 import jax
 import jax.numpy as jnp
@@ -11,11 +9,11 @@ import numpy as np
 import pytest
 
 from bert_jax.models import BertForPreTraining
-from bert_jax.models.attention import _qkv_products
-from bert_jax.models.attention_ops import AttentionConfigError, resolve
+from bert_jax.models.attention import qkv_products
+from bert_jax.models.kernels.attention import AttentionConfigError, resolve
+from tests.conftest import REPO
 from tests.models.helpers import random_batch, run_mesh_worker, tiny_config
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 POSITIONS = jnp.array([[1, 2, 5], [3, 4, 0], [1, 2, 3]])
 
 
@@ -116,7 +114,7 @@ from bert_jax import sharding as sharding_lib
 from bert_jax.models import BertForPreTraining
 from bert_jax.train.state import mesh_context
 from tests.models.helpers import random_batch, tiny_config
-from tests.models.test_attention_ops import POSITIONS
+from tests.models.kernels.test_attention import POSITIONS
 
 config = tiny_config(attention_probs_dropout_prob=0.3, num_attention_heads=4)
 ids, mask, types = random_batch(config)
@@ -154,8 +152,8 @@ def test_pallas_path_on_a_mesh_equals_one_device_xla():
 
 @pytest.mark.parametrize("length", [128, 100])
 def test_tpu_splash_path_equals_xla_in_interpret_mode(length):
-    from bert_jax.models.attention_ops import splash_tpu
-    from bert_jax.models.attention_ops import xla as xla_attention
+    from bert_jax.models.kernels.attention import splash_tpu
+    from bert_jax.models.kernels.attention import xla as xla_attention
 
     b, h, d = 3, 2, 8
     q, k, v = (jax.random.normal(r, (b, length, h, d)) for r in jax.random.split(
@@ -193,7 +191,7 @@ def test_pallas_path_adds_the_projection_biases_in_the_kernel(fused_qkv):
 
 
 def test_qkv_products_input_gradient_is_one_product():
-    """attention._qkv_products: the three projections' products, and gradients equal to
+    """attention.qkv_products: the three projections' products, and gradients equal to
     jax's for three separate products (the input's: one product over the stacked dQ, dK,
     dV, to float32 summation order)."""
     r = jax.random.split(jax.random.PRNGKey(2), 8)
@@ -204,7 +202,7 @@ def test_qkv_products_input_gradient_is_one_product():
     def plain(x, *ws):
         return tuple(jnp.einsum("ble,ehd->blhd", x, w) for w in ws)
 
-    got, vjp = jax.vjp(_qkv_products, x, *ws)
+    got, vjp = jax.vjp(qkv_products, x, *ws)
     want, vjp_want = jax.vjp(plain, x, *ws)
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6)

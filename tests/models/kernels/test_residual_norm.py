@@ -1,7 +1,7 @@
-"""models/norm_ops.py: post-LN's bias + dropout + residual add + LayerNorm as one Pallas
-kernel each way (run here in interpret mode) against the XLA path's expression and jax's own
-backward pass of it; the model with the kernels against the model without; the choice of
-path; a mesh (the dropout hash of each shard's rows)."""
+"""models/kernels/residual_norm.py: post-LN's bias + dropout + residual add + LayerNorm as
+one Pallas kernel each way (run here in interpret mode) against the XLA path's expression
+and jax's own backward pass of it; the model with the kernels against the model without;
+the choice of path; a mesh (the dropout hash of each shard's rows)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models import norm_ops
 from bert_jax.models.config import BertConfig, ConfigError
 from bert_jax.models.dropout import Dropout, hash_dropout, keep_mask
+from bert_jax.models.kernels import residual_norm as norm_kernel
+from bert_jax.models.kernels.dropout_hash import drop_threshold
 from bert_jax.models.layers import LayerNorm
 from bert_jax.models.params import stack_layers
 from tests.conftest import REPO
@@ -53,7 +54,8 @@ def test_float32_kernels_equal_the_expression_and_its_gradient(dropout):
     """width 96: three 32-wide column tiles per row (BERT-Base's 768 is three of 256)."""
     p, bias, residual, scale, shift, seeds, dy = _inputs(jnp.float32)
     seeds = seeds if dropout else None
-    fn = lambda *a: norm_ops.residual_norm(*a, seeds, rate=RATE, eps=EPS, interpret=True)  # noqa: E731
+    fn = lambda *a: norm_kernel.residual_norm(  # noqa: E731
+        *a, seeds, rate=RATE, eps=EPS, interpret=True)
     ref = lambda *a: _reference(*a, seeds)  # noqa: E731
     args = (p, bias, residual, scale, shift)
     y, vjp = jax.vjp(fn, *args)
@@ -86,11 +88,12 @@ def test_bfloat16_kernels_against_float64():
     kernel rounds the float32 input gradient once: jax's backward pass rounds two terms
     and their sum)."""
     p, bias, residual, scale, shift, seeds, dy = _inputs(jnp.bfloat16, rows=128, width=256)
-    y, z, mean, rstd = norm_ops.forward(p, residual, norm_ops.vectors(bias, scale, shift, seeds),
-                                        rate=RATE, eps=EPS, interpret=True)
+    y, z, mean, rstd = norm_kernel.forward(p, residual,
+                                           norm_kernel.vectors(bias, scale, shift, seeds),
+                                           rate=RATE, eps=EPS, interpret=True)
     t = np.asarray((p.astype(jnp.float32) + bias).astype(jnp.bfloat16))
     keep = np.asarray(keep_mask_of(seeds, p.shape))
-    scale_drop = np.asarray(jnp.asarray(1 / (1 - norm_ops.drop_threshold(RATE) / 2**32),
+    scale_drop = np.asarray(jnp.asarray(1 / (1 - drop_threshold(RATE) / 2**32),
                                         jnp.bfloat16))
     d = np.where(keep, np.asarray((t * scale_drop).astype(jnp.bfloat16)), 0)
     z_want = np.asarray((jnp.asarray(residual) + jnp.asarray(d, jnp.bfloat16)))
@@ -103,8 +106,8 @@ def test_bfloat16_kernels_against_float64():
     np.testing.assert_allclose(np.asarray(y, np.float64), y64, rtol=2**-8, atol=1e-2)
     np.testing.assert_allclose(np.asarray(mean), mu[:, 0], rtol=1e-5, atol=1e-5)
 
-    dr, dp, dv = norm_ops.backward((dy,), z, mean, rstd,
-                                   norm_ops.vectors(bias, scale, shift, seeds), rate=RATE,
+    dr, dp, dv = norm_kernel.backward((dy,), z, mean, rstd,
+                                      norm_kernel.vectors(bias, scale, shift, seeds), rate=RATE,
                                    interpret=True)
     dy64 = np.asarray(dy, np.float64)
     g = dy64 * np.asarray(scale, np.float64)
@@ -123,9 +126,10 @@ def test_bfloat16_kernels_against_float64():
 def test_two_copies_add_their_cotangents():
     p, bias, residual, scale, shift, seeds, dy = _inputs(jnp.float32)
     args = (p, bias, residual, scale, shift)
-    one = lambda *a: norm_ops.residual_norm(*a, seeds, rate=RATE, eps=EPS, interpret=True)  # noqa: E731
-    two = lambda *a: norm_ops.residual_norm(*a, seeds, rate=RATE, eps=EPS, copies=2,  # noqa: E731
-                                            interpret=True)
+    one = lambda *a: norm_kernel.residual_norm(  # noqa: E731
+        *a, seeds, rate=RATE, eps=EPS, interpret=True)
+    two = lambda *a: norm_kernel.residual_norm(  # noqa: E731
+        *a, seeds, rate=RATE, eps=EPS, copies=2, interpret=True)
     (y1, y2), vjp2 = jax.vjp(two, *args)
     y, vjp1 = jax.vjp(one, *args)
     np.testing.assert_array_equal(np.asarray(y1), np.asarray(y))
@@ -137,27 +141,28 @@ def test_two_copies_add_their_cotangents():
 
 def test_path_and_config():
     c = BertConfig(dtype="bfloat16")
-    assert norm_ops.path("auto", "gpu", c)
-    assert not norm_ops.path("auto", "cpu", c)  # the CPU step stays XLA's, bit for bit
-    assert not norm_ops.path("auto", "tpu", c)
-    assert not norm_ops.path("auto", "gpu", BertConfig())  # float32 compute
-    assert not norm_ops.path("auto", "gpu", c.replace(remat="minimal_ffn"))
-    assert not norm_ops.path("xla", "gpu", c)
-    assert norm_ops.path("pallas", "cpu", BertConfig(remat="full"))
+    assert norm_kernel.path("auto", "gpu", c)
+    assert not norm_kernel.path("auto", "cpu", c)  # the CPU step stays XLA's, bit for bit
+    assert not norm_kernel.path("auto", "tpu", c)
+    assert not norm_kernel.path("auto", "gpu", BertConfig())  # float32 compute
+    assert not norm_kernel.path("auto", "gpu", c.replace(remat="minimal_ffn"))
+    assert not norm_kernel.path("xla", "gpu", c)
+    assert norm_kernel.path("pallas", "cpu", BertConfig(remat="full"))
     # masks the kernels cannot draw, or another architecture: XLA whatever asked
-    assert not norm_ops.path("pallas", "gpu", c.replace(dropout_rng="jax"))
-    assert norm_ops.path("pallas", "gpu", c.replace(dropout_rng="jax", hidden_dropout_prob=0.0))
-    assert not norm_ops.path("pallas", "gpu", c.replace(pre_ln=True, layer0_attention_norm=False))
-    assert not norm_ops.path("pallas", "gpu", c.replace(norm_bias=False))
-    assert norm_ops.chunk(768) == 256 and norm_ops.chunk(1024) == 256
-    assert norm_ops.chunk(384) == 128 and norm_ops.chunk(40) is None
-    assert norm_ops.backward_rows(32768) == 128 and norm_ops.backward_rows(48) == 16
-    assert norm_ops.fits((4, 16, 32)) and not norm_ops.fits((3, 5, 32))
+    assert not norm_kernel.path("pallas", "gpu", c.replace(dropout_rng="jax"))
+    assert norm_kernel.path("pallas", "gpu", c.replace(dropout_rng="jax", hidden_dropout_prob=0.0))
+    assert not norm_kernel.path("pallas", "gpu",
+                                c.replace(pre_ln=True, layer0_attention_norm=False))
+    assert not norm_kernel.path("pallas", "gpu", c.replace(norm_bias=False))
+    assert norm_kernel.chunk(768) == 256 and norm_kernel.chunk(1024) == 256
+    assert norm_kernel.chunk(384) == 128 and norm_kernel.chunk(40) is None
+    assert norm_kernel.backward_rows(32768) == 128 and norm_kernel.backward_rows(48) == 16
+    assert norm_kernel.fits((4, 16, 32)) and not norm_kernel.fits((3, 5, 32))
     with pytest.raises(ConfigError, match="residual_norm='fast'.*'auto', 'xla', 'pallas'"):
         BertConfig(residual_norm="fast")
 
 
-def _loss_and_grads(config, params, batch, dropout=True):
+def loss_and_grads(config, params, batch, dropout=True):
     return pretraining_loss_and_grads(config, params, batch, dropout)
 
 
@@ -183,16 +188,16 @@ def test_model_with_the_kernels_equals_xla(dtype, tol):
     batch = random_batch(config, batch=3, length=16)
     params = pretraining_params(config, batch[0])
     # CPU "auto": no kernel (the CPU step is XLA's, unchanged)
-    jaxpr = str(jax.make_jaxpr(lambda p: _loss_and_grads(config, p, batch))(params))
+    jaxpr = str(jax.make_jaxpr(lambda p: loss_and_grads(config, p, batch))(params))
     assert "residual_norm" not in jaxpr
     kernel = config.replace(residual_norm="pallas")
-    jaxpr = str(jax.make_jaxpr(lambda p: _loss_and_grads(kernel, p, batch))(params))
+    jaxpr = str(jax.make_jaxpr(lambda p: loss_and_grads(kernel, p, batch))(params))
     assert "residual_norm_fwd" in jaxpr and "residual_norm_bwd" in jaxpr
     losses = {}
     for dropout in (True, False):
-        loss_w, want = _loss_and_grads(config.replace(residual_norm="xla"), params, batch,
+        loss_w, want = loss_and_grads(config.replace(residual_norm="xla"), params, batch,
                                        dropout)
-        loss_g, got = _loss_and_grads(kernel, params, batch, dropout)
+        loss_g, got = loss_and_grads(kernel, params, batch, dropout)
         if dtype == "float32":  # (in bfloat16, a sum of 900 sines of logits rounded apart)
             assert abs(float(loss_g) - float(loss_w)) < 2e-6 * abs(float(loss_w)), dropout
         _compare(got, want, tol)
@@ -209,11 +214,11 @@ def test_scanned_layers_pass_pairs_through_the_loop(unroll):
     params = pretraining_params(config, batch[0])
     scanned = config.replace(scan_layers=True, scan_unroll=unroll)
     stacked = stack_layers(params, config.num_hidden_layers)
-    loss_w, want = _loss_and_grads(scanned.replace(residual_norm="xla"), stacked, batch)
+    loss_w, want = loss_and_grads(scanned.replace(residual_norm="xla"), stacked, batch)
     kernel = scanned.replace(residual_norm="pallas")
-    jaxpr = str(jax.make_jaxpr(lambda p: _loss_and_grads(kernel, p, batch))(stacked))
+    jaxpr = str(jax.make_jaxpr(lambda p: loss_and_grads(kernel, p, batch))(stacked))
     assert "residual_norm_bwd" in jaxpr
-    loss_g, got = _loss_and_grads(kernel, stacked, batch)
+    loss_g, got = loss_and_grads(kernel, stacked, batch)
     assert abs(float(loss_g) - float(loss_w)) < 2e-6 * abs(float(loss_w))
     _compare(got, want, 2e-5)
 
@@ -225,18 +230,18 @@ sys.path.insert(0, sys.argv[1])
 from bert_jax import sharding as sharding_lib
 from bert_jax.train.state import mesh_context
 from tests.models.helpers import pretraining_params, random_batch, tiny_config
-from tests.models.test_norm_ops import _loss_and_grads
+from tests.models.kernels.test_residual_norm import loss_and_grads
 
 config = tiny_config(intermediate_size=64)
 ids, mask, types = random_batch(config, batch=3, length=16)
 batch = [jnp.concatenate([a, a[:1]]) for a in (ids, mask, types)]  # 4 examples
 params = pretraining_params(config, batch[0])
-loss_w, want = _loss_and_grads(config.replace(residual_norm="xla"), params, batch)
+loss_w, want = loss_and_grads(config.replace(residual_norm="xla"), params, batch)
 mesh = sharding_lib.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=2, tensor=1)))
 with mesh_context(mesh, sharding_lib.DEFAULT_RULES):
     cfg = config.replace(residual_norm="pallas")
-    jaxpr = str(jax.make_jaxpr(lambda p: _loss_and_grads(cfg, p, batch))(params))
-    loss_g, got = _loss_and_grads(cfg, params, batch)
+    jaxpr = str(jax.make_jaxpr(lambda p: loss_and_grads(cfg, p, batch))(params))
+    loss_g, got = loss_and_grads(cfg, params, batch)
 err = max(float(np.max(np.abs(np.asarray(g) - np.asarray(w)))
                 / max(1.0, float(np.max(np.abs(np.asarray(w))))))
           for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)))

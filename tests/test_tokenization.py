@@ -1,4 +1,4 @@
-"""bert_jax.data.tokenization against transformers' slow BertTokenizer (goldens), the
+"""bert_jax.tokenization against transformers' slow BertTokenizer (goldens), the
 ASCII fast path against the library, SentencePiece, and the vocabulary errors."""
 
 import gzip
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bert_jax.data.tokenization import VocabError, load_tokenizer
+from bert_jax.tokenization import VocabError, load_tokenizer
 from tests.data_prep.helpers import GOLDENS, SAMPLE, VOCAB
 
 CASED_VOCAB = str(GOLDENS / "cased_vocab_8k.txt")

@@ -1,4 +1,5 @@
-"""Tokenizers for BERT: WordPiece (a BERT `vocab.txt`) or SentencePiece (a `.model` file).
+"""Tokenizers for BERT: WordPiece (a BERT `vocab.txt`) or SentencePiece (a `.model` file),
+for every caller: pre-training input, data_prep, the tasks, the converters, warm starts.
 
 Both go through well-kept libraries, never hand-written splitting:
 
@@ -7,7 +8,7 @@ Both go through well-kept libraries, never hand-written splitting:
   `BertPreTokenizer` (whitespace and punctuation split) and `WordPiece` (greedy
   longest-match-first with the `##` continuation prefix, words over 100 characters become
   `[UNK]`). Ids equal those of the original BERT `FullTokenizer` / `transformers`'
-  slow `BertTokenizer` (checked against goldens in tests/data_prep/).
+  slow `BertTokenizer` (checked against goldens in tests/test_tokenization.py).
 * SentencePiece through `sentencepiece`, lower-casing first when `do_lower_case`.
 
 Special tokens in the *text* are not special: "[MASK]" in a sentence is tokenized as
@@ -179,7 +180,7 @@ class WordPieceTokenizer(_BaseTokenizer):
         and splits off every other printable character (all ASCII punctuation), so we split
         with a regex and look each word up in a cache filled by the library itself. Every
         other line goes through the library. Checked against the library and against transformers'
-        BertTokenizer in tests/data_prep/test_tokenization.py.
+        BertTokenizer in tests/test_tokenization.py.
         """
         n = len(texts)
         fast = np.fromiter((t.isascii() and t.isprintable() for t in texts), dtype=bool, count=n)
