@@ -161,11 +161,22 @@ def fit_sharding(sharding, shape):
     return NamedSharding(sharding.mesh, PartitionSpec(*fitted))
 
 
-def batch_sharding(mesh):
-    """Examples split over ("data", "fsdp"), every other axis whole."""
+def batch_mesh_axes(mesh, rules: Sequence | None = None) -> tuple[str, ...]:
+    """Mesh axes of the logical "batch" axis under `rules`, limited to the mesh's axes."""
+    rules = DEFAULT_RULES if rules is None else rules
+    target = dict((name, axes) for name, axes in rules).get("batch")
+    if target is None:
+        return ()
+    target = (target,) if isinstance(target, str) else tuple(target)
+    return tuple(a for a in target if a in mesh.axis_names)
+
+
+def batch_sharding(mesh, rules: Sequence | None = None):
+    """NamedSharding of a batch array: dimension 0 over the "batch" mesh axes of `rules`
+    (("data", "fsdp") by default), every other dimension whole."""
     from jax.sharding import NamedSharding, PartitionSpec
 
-    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+    return NamedSharding(mesh, PartitionSpec(batch_mesh_axes(mesh, rules) or None))
 
 
 def replicated(mesh):

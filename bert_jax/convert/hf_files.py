@@ -143,6 +143,14 @@ def read_hf_dir(directory: str, progress: bool = False):
     return params, config, report, hf_vocab(directory)
 
 
+def open_hf_dir(directory: str) -> model_dir.Opened:
+    """Hugging Face directory `directory` (config.json + weights) from its small files:
+    config.json (our config, its task record) and tokenizer_config.json, vocab.txt."""
+    config = hf_dir_format(directory)[1]  # first: its errors name what to do
+    return model_dir.Opened(config, hf_vocab(directory), hf_task(directory),
+                            lambda: read_hf_dir(directory)[0])
+
+
 def hf_vocab(directory: str) -> Optional[str]:
     """DIR/vocab.txt of a Hugging Face directory, if there is one."""
     vocab = os.path.join(directory, "vocab.txt")

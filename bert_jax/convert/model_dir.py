@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
@@ -47,6 +47,25 @@ def task_record(kind: str, labels: Optional[Sequence[str]] = None,
     return {"kind": kind, "name": name or "",
             "labels": None if labels is None else [str(x) for x in labels],
             "do_lower_case": None if do_lower_case is None else bool(do_lower_case)}
+
+
+class Opened(NamedTuple):
+    """A checkpoint opened from its small files, no tensor read: config (its BertConfig),
+    vocab (its vocabulary file or None), task (its `task_record` or None), read (a callable
+    returning its numpy params, layers unscanned). What each source kind's opener returns
+    (`open_model_dir`, hf_files.open_hf_dir)."""
+
+    config: BertConfig
+    vocab: Optional[str]
+    task: Optional[dict]
+    read: Callable[[], dict]
+
+
+def open_model_dir(path: str) -> Opened:
+    """Model directory `path` (is_model_dir) from its small files: bert_config.json, and
+    vocab.txt and task.json when there."""
+    config = BertConfig.from_json_file(os.path.join(path, CONFIG_NAME))
+    return Opened(config, dir_vocab(path), dir_task(path), lambda: load_model_dir(path)[0])
 
 
 def is_model_dir(path: str) -> bool:

@@ -20,7 +20,6 @@ import functools
 import os
 from typing import Any, Callable, Optional
 
-import flax
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -28,10 +27,10 @@ from etils import epath
 
 from bert_jax import paths
 from bert_jax.convert import model_dir
-from bert_jax.convert.hf_files import hf_task, hf_vocab, read_hf_config, read_hf_dir
+from bert_jax.convert.hf_files import open_hf_dir
 from bert_jax.data.checkpointing import InputStateHandler
 from bert_jax.models.config import BertConfig, from_config_dict
-from bert_jax.models.params import stack_layers, unstack_layers
+from bert_jax.models.params import flat_shapes, stack_layers, unstack_layers
 
 
 @dataclasses.dataclass
@@ -82,31 +81,58 @@ class InitSource:
 def open_source(path: str, what: str = "train.init_checkpoint") -> InitSource:
     """The config and vocabulary of `path`; its tensors are read only when `params` is first
     used (a workdir's params in their saved layer layout; a warm start restores them with
-    orbax onto the mesh instead), so callers check the architecture and shapes first."""
+    orbax onto the mesh instead), so callers check the architecture and shapes first. The
+    kind is decided once (`source_kind`), then that kind's opener reads its small files."""
     path = paths.resolve(path)
+    kind = source_kind(path)
+    if kind is None:
+        raise FileNotFoundError(
+            f"{what}: {path} is neither a model directory (bert_config.json + params/), a "
+            "Hugging Face directory (config.json + weights), nor a training run (WORKDIR, "
+            "WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
+    return OPENERS[kind](path, what)
+
+
+def source_kind(path: str) -> Optional[str]:
+    """What `path` (resolved) holds, from which files are there (none is read):
+    "model_dir", "hf" or "workdir" (in that order: a fine-tuning run's best_model/ is a
+    model directory inside a workdir); None for none of these."""
     if model_dir.is_model_dir(path):
-        config = BertConfig.from_json_file(os.path.join(path, model_dir.CONFIG_NAME))
-        return InitSource(path, "model_dir", config, model_dir.dir_vocab(path),
-                          read=lambda: model_dir.load_model_dir(path)[0],
-                          task=model_dir.dir_task(path))
+        return "model_dir"
     if paths.is_file(os.path.join(path, "config.json")):
-        return InitSource(path, "hf", read_hf_config(path), hf_vocab(path),
-                          read=lambda: read_hf_dir(path)[0], task=hf_task(path))
-    if locate(path) is not None:
-        run = open_run(path, f"{what}={path}")
-        shapes = {"/".join(str(getattr(k, "key", k)) for k in kp): tuple(v.shape)
-                  for kp, v in jax.tree_util.tree_flatten_with_path(run.params)[0]}
-        # The params alone leave a run: an FP8 run's scaling state (model.fp8) stays in
-        # its checkpoints, and what starts from them computes without FP8 unless it asks.
-        config = from_config_dict(run.config["model"]).replace(fp8=False)
-        return InitSource(path, "workdir", config,
-                          run.vocab_file, read=run.read_params, step=run.step,
-                          saved_shapes=shapes, task=run_task(run),
-                          do_lower_case=run_casing(run.config))
-    raise FileNotFoundError(
-        f"{what}: {path} is neither a model directory (bert_config.json + params/), a "
-        "Hugging Face directory (config.json + weights), nor a training run (WORKDIR, "
-        "WORKDIR/checkpoints or WORKDIR/checkpoints/<step>)")
+        return "hf"
+    return "workdir" if locate(path) is not None else None
+
+
+def open_model_dir(path: str, what: str) -> InitSource:
+    """A model directory (model_dir.open_model_dir, whose errors name the file); `what`:
+    the openers' one signature."""
+    return InitSource(path, "model_dir", **model_dir.open_model_dir(path)._asdict())
+
+
+def open_hf(path: str, what: str) -> InitSource:
+    """A Hugging Face directory (hf_files.open_hf_dir, whose errors name the file); `what`:
+    the openers' one signature."""
+    return InitSource(path, "hf", **open_hf_dir(path)._asdict())
+
+
+def open_workdir(path: str, what: str) -> InitSource:
+    """A training run's saved step (`open_run`): its params' shapes as saved, its model
+    config less FP8, its vocabulary, task record and casing from its saved config."""
+    run = open_run(path, f"{what}={path}")
+    shapes = {"/".join(str(getattr(k, "key", k)) for k in kp): tuple(v.shape)
+              for kp, v in jax.tree_util.tree_flatten_with_path(run.params)[0]}
+    # The params alone leave a run: an FP8 run's scaling state (model.fp8) stays in
+    # its checkpoints, and what starts from them computes without FP8 unless it asks.
+    config = from_config_dict(run.config["model"]).replace(fp8=False)
+    return InitSource(path, "workdir", config, run.vocab_file, read=run.read_params,
+                      step=run.step, saved_shapes=shapes, task=run_task(run),
+                      do_lower_case=run_casing(run.config))
+
+
+# One opener per kind, each reading that kind's small files once.
+OPENERS: dict[str, Callable[[str, str], InitSource]] = {
+    "model_dir": open_model_dir, "hf": open_hf, "workdir": open_workdir}
 
 
 def run_casing(config: dict) -> Optional[bool]:
@@ -144,11 +170,6 @@ def unscanned(source: InitSource) -> tuple[BertConfig, dict]:
     if source.kind == "workdir" and config.scan_layers:
         params = unstack_layers(params, config.num_hidden_layers)
     return config.replace(scan_layers=False), params
-
-
-def flat_shapes(tree) -> dict[str, tuple]:
-    return {"/".join(k): tuple(np.shape(v)) for k, v in
-            flax.traverse_util.flatten_dict(flax.core.unfreeze(tree)).items()}
 
 
 # --- a training run's saved checkpoints -----------------------------------------------

@@ -20,29 +20,16 @@ import collections
 import math
 import queue
 import threading
-from typing import Iterator, Mapping, Sequence
+from typing import Iterator, Mapping
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
-from bert_jax import sharding as sharding_lib
+# The batch's mesh axes are a question about the mesh rules (sharding.py); the input side
+# places its batches by them.
+from bert_jax.sharding import batch_mesh_axes, batch_sharding  # noqa: F401
 from bert_jax.data import state as state_lib
-
-
-def batch_mesh_axes(mesh: Mesh, rules: Sequence | None = None) -> tuple[str, ...]:
-    """Mesh axes of the logical "batch" axis under `rules`, limited to the mesh's axes."""
-    rules = sharding_lib.DEFAULT_RULES if rules is None else rules
-    target = dict((name, axes) for name, axes in rules).get("batch")
-    if target is None:
-        return ()
-    target = (target,) if isinstance(target, str) else tuple(target)
-    return tuple(a for a in target if a in mesh.axis_names)
-
-
-def batch_sharding(mesh: Mesh, rules: Sequence | None = None) -> NamedSharding:
-    """NamedSharding of a batch array: dimension 0 over the "batch" mesh axes."""
-    return NamedSharding(mesh, PartitionSpec(batch_mesh_axes(mesh, rules) or None))
 
 
 def to_global(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> dict[str, jax.Array]:

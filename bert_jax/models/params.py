@@ -1,6 +1,6 @@
-"""Parameter-tree utilities: counting, converting between the unscanned (`encoder/layer_{i}`)
-and scanned (`encoder/layers`, leading [layers] axis) layouts, and telling which one a
-checkpoint's keys hold."""
+"""Parameter-tree utilities: counting, shapes by key, converting between the unscanned
+(`encoder/layer_{i}`) and scanned (`encoder/layers`, leading [layers] axis) layouts, and
+telling which one a tree or a checkpoint's keys hold."""
 
 from __future__ import annotations
 
@@ -16,6 +16,34 @@ def count_params(tree: Any) -> int:
     """Number of scalars in a tree of arrays or ShapeDtypeStructs (boxed or not)."""
     tree = flax.linen.meta.unbox(tree)
     return int(sum(np.prod(x.shape) for x in jax.tree_util.tree_leaves(tree)))
+
+
+def flat_shapes(tree) -> dict[str, tuple]:
+    """Every leaf's shape by "/"-joined key, e.g. {"bert/pooler/dense/kernel": (768, 768)}."""
+    return {"/".join(k): tuple(np.shape(v)) for k, v in
+            flax.traverse_util.flatten_dict(flax.core.unfreeze(tree)).items()}
+
+
+def layer_layout(keys) -> Optional[bool]:
+    """Whether parameter keys (tuples or "/"-joined strings) hold the encoder's layers
+    stacked (model.scan_layers=True: `encoder/layers`) or one tree per layer (`encoder/
+    layer_<i>` only); None without an encoder."""
+    parts = [k.split("/") if isinstance(k, str) else list(k) for k in keys]
+    names = {p[i + 1] for p in parts for i in range(len(p) - 1) if p[i] == "encoder"}
+    if "layers" in names:
+        return True
+    return False if any(n.startswith("layer_") for n in names) else None
+
+
+def encoder_layout(params) -> tuple[bool, int]:
+    """(layers stacked, number of layers) of a params tree's encoder (params["bert"]
+    ["encoder"]; arrays or ShapeDtypeStructs): what `stack_layers` takes. A stacked encoder
+    may keep layer 0 apart (`layer_0` beside `layers`): it counts."""
+    encoder = params["bert"]["encoder"]
+    if "layers" in encoder:
+        return True, (int(jax.tree_util.tree_leaves(encoder["layers"])[0].shape[0])
+                      + int("layer_0" in encoder))
+    return False, sum(1 for k in encoder if k.startswith("layer_"))
 
 
 def _find_encoder(tree: dict, path=()):
@@ -60,13 +88,3 @@ def unstack_layers(params: dict, num_layers: int) -> dict:
         parent["encoder"] = enc
     return params
 
-
-def layer_layout(keys) -> Optional[bool]:
-    """Whether parameter keys (tuples or "/"-joined strings) hold the encoder's layers
-    stacked (model.scan_layers=True: `encoder/layers`) or one tree per layer (`encoder/
-    layer_<i>` only); None without an encoder."""
-    parts = [k.split("/") if isinstance(k, str) else list(k) for k in keys]
-    names = {p[i + 1] for p in parts for i in range(len(p) - 1) if p[i] == "encoder"}
-    if "layers" in names:
-        return True
-    return False if any(n.startswith("layer_") for n in names) else None

@@ -36,6 +36,7 @@ from bert_jax.tasks.inputs import num_rows
 from bert_jax.tasks.registry import task_from_config
 from bert_jax.tokenization import load_tokenizer
 from bert_jax.train import loop, settings
+from bert_jax.train.checked import check
 
 
 def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
@@ -127,13 +128,8 @@ def run(config, workdir: str, progress: bool = True, after_step=None) -> dict:
     left; returns the summary dict ({"preempted": True, ...} if SIGTERM stopped a run)."""
     workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
     paths.check_dir(workdir)
-    loop.precheck(config)  # keys, optimizer, mesh and batch sizes: before any data is read
-    if int(config.train.eval_steps) >= 0:
-        raise ConfigError(f"config.train.eval_steps={config.train.eval_steps}: fine-tuning "
-                          f"scores every example of its eval sets; leave it at -1")
-    if config.train.init_state != "params":
-        raise ConfigError(f"config.train.init_state={config.train.init_state!r}: "
-                          f"fine-tuning takes the encoder's params only ('params')")
+    # Keys, optimizer, mesh and batch sizes, once for every run: before any data is read.
+    checked = check(config)
     bert_config, source, vocab = model_and_init(config)
     vocab = config.tokenizer.vocab_file or vocab
     if not vocab and not config.train.init_checkpoint:
@@ -150,7 +146,8 @@ def run(config, workdir: str, progress: bool = True, after_step=None) -> dict:
     task = task_from_config(config, vocab_file=vocab)
     paths.makedirs(workdir)  # once the checkpoint, vocabulary and task are known to be there
     if not config.train.do_train:  # predict with a fine-tuned model: no training data read
-        return predict_lib.predict(config, workdir, task, tokenizer, bert_config, source)
+        return predict_lib.predict(config, checked, workdir, task, tokenizer, bert_config,
+                                   source)
     train_features = task.train_features(tokenizer)
     eval_sets = task.eval_sets(tokenizer)
     logging.info("%d training features; eval sets %s", num_rows(train_features),
@@ -159,7 +156,7 @@ def run(config, workdir: str, progress: bool = True, after_step=None) -> dict:
     if not labeled:
         raise ConfigError("no labelled eval set to pick the best run on (dev data missing?)")
     task.prepare(config, bert_config, train_features, eval_sets, source)
-    return _sweep(config, workdir, task, labeled, vocab, progress, after_step)
+    return _sweep(config, checked, workdir, task, labeled, vocab, progress, after_step)
 
 
 def plan_of(config) -> list[tuple[float, int]]:
@@ -176,9 +173,10 @@ def run_config(config, lr: float, seed: int):
     return c
 
 
-def _sweep(config, workdir, task, labeled, vocab, progress, after_step) -> dict:
+def _sweep(config, checked, workdir, task, labeled, vocab, progress, after_step) -> dict:
     is_main = jax.process_index() == 0
     plan = plan_of(config)
+    heads = task_record(config, task)  # best_model/task.json, and each run's
     runs = finished_runs(workdir, plan)
     if runs and is_main:
         print(f"{workdir}: {len(runs)} of {len(plan)} runs already done", flush=True)
@@ -191,8 +189,8 @@ def _sweep(config, workdir, task, labeled, vocab, progress, after_step) -> dict:
         task.title = f"{kind} run {i} (seed {seed}, lr {lr:g})"
         if jax.process_index() == 0:  # what the run's heads are, for the exporters
             paths.makedirs(run_dir)
-            model_dir.write_task(run_dir, task_record(config, task))
-        outcome = loop.train(run_config(config, lr, seed), run_dir, task,
+            model_dir.write_task(run_dir, heads)
+        outcome = loop.train(run_config(config, lr, seed), run_dir, task, checked=checked,
                              programs=programs.get(lr), progress=progress,
                              after_step=after_step)
         programs[lr] = outcome.programs
@@ -205,8 +203,7 @@ def _sweep(config, workdir, task, labeled, vocab, progress, after_step) -> dict:
         best_so_far = all(score > x["results"][main_set].get(key, float("nan"))
                           for x in runs[:-1])
         if best_so_far and config.sweep.save_best_model:
-            _save_best(workdir, outcome.params, task.model_config, vocab,
-                       task_record(config, task))
+            _save_best(workdir, outcome.params, task.model_config, vocab, heads)
         if is_main:
             record = {"run": i, "seed": seed, "lr": lr}
             record.update({f"{name}/{k}": v for name, m in results.items()
@@ -267,14 +264,12 @@ def summarize(runs: list[dict], labeled: list[str], key: str) -> dict:
     return summary
 
 
-def task_record(config, task=None) -> dict:
+def task_record(config, task) -> dict:
     """What best_model/task.json records (model_dir.task_record): the task kind, the class
     names in the order of the head's outputs (sentence and token classifiers; None for a
     regression) and the tokenizer's casing, so that an export needs no flags. `task`:
-    config's task object (made from config when not given; nothing is read)."""
+    config's task object."""
     kind = str(config.task.kind)
-    if task is None:
-        task = task_from_config(config)
     labels = getattr(task, "labels", None) if kind in ("glue", "ner") else None
     return model_dir.task_record(kind, labels, bool(config.tokenizer.do_lower_case),
                                  name=str(config.task.get("name", "") or ""))

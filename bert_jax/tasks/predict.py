@@ -21,6 +21,7 @@ import jax
 from bert_jax.convert.sources import InitSource
 from bert_jax.models.config import ConfigError
 from bert_jax.train import loop
+from bert_jax.train.checked import Checked
 from bert_jax.train.warm_start import check_shapes, numpy_params, place_numpy
 
 
@@ -54,23 +55,23 @@ def check_task_params(source: InitSource, abstract_params: Any, task_name: str) 
     check_shapes(source, abstract_params, list(abstract_params))
 
 
-def predict(config, workdir: str, task, tokenizer, bert_config, source) -> dict:
+def predict(config, checked: Checked, workdir: str, task, tokenizer, bert_config,
+            source) -> dict:
     """Evaluates every eval set of `task` with `source`'s weights; returns
-    {"predict": True, "<set>/<metric>": value, ...}."""
+    {"predict": True, "<set>/<metric>": value, ...}. `checked`: check(config)."""
     task_name = f"task.kind={config.task.kind}"
     require_task_checkpoint(source, task_name, bool(config.train.random_init))
-    mesh, rules = loop.precheck(config)
     # The params' shapes do not depend on the sequence length: the checkpoint is checked
     # before any eval data is read or tokenised.
     task.prepare(config, bert_config, None, [], source)
-    programs = loop.build(config, task, mesh, rules, steps=1)  # its eval step only
-    check_task_params(source, programs.abstract.params, task_name)
+    programs = loop.build_eval(task, checked)  # no optimizer, no train step
+    check_task_params(source, programs.abstract_params, task_name)
     task.eval_data = task.eval_sets(tokenizer)
     if not task.eval_data:
         raise ConfigError("train.do_train=False: the task has no eval set to predict")
-    params = place_numpy(numpy_params(source, programs.abstract.params),
-                         programs.abstract.params, programs.shardings.params)
-    scalars = loop.evaluate_params(config, workdir, task, params, programs, mesh, rules)
+    params = place_numpy(numpy_params(source, programs.abstract_params),
+                         programs.abstract_params, programs.param_shardings)
+    scalars = loop.evaluate_params(config, workdir, task, params, programs, checked)
     if jax.process_index() == 0:
         for e in task.eval_data:
             shown = ", ".join(f"{k.split('/', 1)[1]} {v:.4f}" for k, v in scalars.items()

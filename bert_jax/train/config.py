@@ -137,17 +137,6 @@ def checkpoint_config(**overrides) -> ml_collections.ConfigDict:
     return c
 
 
-def checkpoint_every(config) -> int:
-    """config.checkpoint.every as the loop reads it: N > 0 saves every N steps, 0 saves at
-    the end only (a SIGTERM saves in either case); a negative value is a ConfigError (a run
-    that never saves could not resume)."""
-    every = int(config.checkpoint.every)
-    if every < 0:
-        raise ConfigError(f"config.checkpoint.every={every}: expected N > 0 (save every N "
-                          f"steps and at the end) or 0 (save at the end only)")
-    return every
-
-
 def add_training_sections(config: ml_collections.ConfigDict, *, optimizer=None, schedule=None,
                           train=None, mesh=None, checkpoint=None) -> ml_collections.ConfigDict:
     """Adds the five shared sections (each from the dict of overrides given) to `config`."""
@@ -159,19 +148,26 @@ def add_training_sections(config: ml_collections.ConfigDict, *, optimizer=None, 
     return config
 
 
+def check_steps(config, finite: bool) -> None:
+    """train.steps > 0, or train.epochs > 0 over a `finite` training set (fine-tuning); a
+    ConfigError otherwise (pre-training reads an endless stream: epochs do not apply)."""
+    steps = int(config.train.steps)
+    epochs = float(config.train.get("epochs", 0.0))
+    if steps <= 0 and (epochs <= 0 or not finite):
+        raise ConfigError(
+            f"config.train.steps={steps} and train.epochs={epochs}: set train.steps > 0"
+            + (" or train.epochs > 0" if finite else
+               " (pre-training reads an endless stream: epochs do not apply)"))
+
+
 def run_steps(config, train_examples: Optional[int] = None) -> int:
     """The optimizer steps of a run: train.steps if > 0, else train.epochs passes over
     `train_examples` (a finite training set: fine-tuning) of train.batch_size each."""
+    check_steps(config, finite=train_examples is not None)
     steps = int(config.train.steps)
     if steps > 0:
         return steps
     epochs = float(config.train.get("epochs", 0.0))
-    if epochs <= 0 or train_examples is None:
-        raise ConfigError(
-            f"config.train.steps={steps} and train.epochs={epochs}: set train.steps > 0"
-            + ("" if train_examples is None else " or train.epochs > 0")
-            + ("" if train_examples is not None else
-               " (pre-training reads an endless stream: epochs do not apply)"))
     return max(1, int(math.ceil(train_examples * epochs / int(config.train.batch_size))))
 
 

@@ -27,7 +27,6 @@ import jax
 import numpy as np
 
 from bert_jax import optim, paths
-from bert_jax import sharding as sharding_lib
 from bert_jax.data import device as data_device
 from bert_jax.errors import FaultError, ReportedError
 from bert_jax.models.kernels import attention as attention_ops
@@ -42,7 +41,8 @@ from bert_jax.train import settings
 from bert_jax.train import state as state_lib
 from bert_jax.train import step as step_lib
 from bert_jax.train import warm_start
-from bert_jax.train.config import check_sections, checkpoint_every, run_steps, total_steps
+from bert_jax.train.checked import Checked, check
+from bert_jax.train.config import run_steps, total_steps
 from bert_jax.train.checkpoint_faults import CheckpointSaveError
 from bert_jax.train.gate import SAVE, InputGate, VoidSteps, void_error
 from bert_jax.train.profile import Profiler
@@ -78,56 +78,19 @@ class Programs:
     compiled: Any = None
 
 
+@dataclasses.dataclass
+class EvalPrograms:
+    """What evaluating given params builds (predicting with a fine-tuned model): the params'
+    abstract tree (ShapeDtypeStructs) and shardings, the jitted eval step; no optimizer
+    state and no train step."""
+
+    abstract_params: Any
+    param_shardings: Any
+    eval_fn: Any
+
+
 def config_to_dict(config) -> dict:
     return json.loads(config.to_json_best_effort())
-
-
-def check_batches(config, mesh, rules) -> None:
-    """train.batch_size, its micro-batches and eval_batch_size against the mesh's batch
-    shards (data x fsdp), before anything is built."""
-    accum = int(config.train.accum_steps)
-    batch_size = int(config.train.batch_size)
-    if accum < 1:
-        raise ConfigError(f"config.train.accum_steps={accum}: expected a positive number of "
-                          f"micro-batches per step")
-    if batch_size % accum:
-        raise ConfigError(f"config.train.batch_size={batch_size} is not divisible by "
-                          f"config.train.accum_steps={accum}")
-    shards = int(np.prod([mesh.shape[a] for a in data_device.batch_mesh_axes(mesh, rules)]))
-    sizes = {"batch_size": batch_size // accum, "eval_batch_size": eval_batch_size(config)}
-    for key, size in sizes.items():
-        if size % shards:
-            what = (f"config.train.{key}={size}" if key == "eval_batch_size" or accum == 1
-                    else f"the micro-batch size {size} (config.train.batch_size / "
-                         f"accum_steps={accum})")
-            raise ConfigError(f"{what} is not divisible by the {shards} batch shards of "
-                              f"mesh {dict(mesh.shape)}")
-
-
-def eval_batch_size(config) -> int:
-    return int(config.train.eval_batch_size) or int(config.train.batch_size)
-
-
-def precheck(config):
-    """What fails without data or a model: the sections' keys, the optimizer, the mesh and
-    the batch sizes against it, checkpoint.every. Returns (mesh, rules)."""
-    check_sections(config)
-    optim.check_optimizer(config.optimizer)
-    optim.warmup_steps(config.schedule, 1)  # a warmup_ratio out of [0, 1]
-    checkpoint_every(config)
-    for key in ("checkpoint.timeout", "train.heartbeat_timeout"):
-        section, name = key.split(".")
-        value = config[section].get(name, 1)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ConfigError(f"config.{key}={value!r}: expected a number of seconds > 0")
-    warm_start.Resize.from_config(config.train)  # an unknown rule
-    if config.train.init_state not in ("params", "full"):
-        raise ConfigError(f"config.train.init_state={config.train.init_state!r}; expected "
-                          f"'params' or 'full'")
-    mesh = sharding_lib.make_mesh(config.mesh)
-    rules = sharding_lib.rules_from_config(config.mesh)
-    check_batches(config, mesh, rules)
-    return mesh, rules
 
 
 def check_task(config, task) -> None:
@@ -138,27 +101,38 @@ def check_task(config, task) -> None:
                           f"the model's max_position_embeddings={limit}")
 
 
-def build(config, task, mesh, rules, steps: int) -> Programs:
-    """The optimizer over `steps` (the run's), the abstract state and the jitted steps."""
-    schedule = optim.make_schedule(config.schedule, total_steps(config, steps))
-    tx = optim.make_optimizer(config.optimizer, config.schedule, total_steps(config, steps))
-    abstract, shardings = state_lib.state_shardings(task.model, tx, mesh, rules,
-                                                    task.init_inputs())
-    batch_sharding = data_device.batch_sharding(mesh, rules)
+def build(config, task, checked: Checked, steps: int) -> Programs:
+    """The optimizer over `steps` (the run's), the abstract state and the jitted steps, on
+    the checked config's mesh."""
+    total = total_steps(config, steps)
+    schedule = optim.make_schedule(config.schedule, total)
+    tx = optim.make_optimizer(config.optimizer, config.schedule, total)
+    abstract, shardings = state_lib.state_shardings(task.model, tx, checked.mesh,
+                                                    checked.rules, task.init_inputs())
     train_fn = step_lib.jit_train_step(
-        task, tx, schedule, shardings, batch_sharding, rules,
-        accum_steps=int(config.train.accum_steps),
+        task, tx, schedule, shardings, checked.batch_sharding, checked.rules,
+        accum_steps=checked.accum_steps,
         deterministic=bool(config.train.deterministic),
         keep_state_on_nonfinite=bool(config.train.skip_nonfinite))
-    eval_fn = step_lib.jit_eval_step(task, shardings.params, batch_sharding, rules)
+    eval_fn = step_lib.jit_eval_step(task, shardings.params, checked.batch_sharding,
+                                     checked.rules)
     return Programs(tx, schedule, abstract, shardings, train_fn, eval_fn)
 
 
-def evaluate_params(config, workdir: str, task, params, programs: Programs, mesh,
-                    rules) -> dict:
-    """task.evaluate of `params` (placed on programs.shardings) as at step 0, its scalars
-    written to WORKDIR/metrics.jsonl (predicting with a fine-tuned model)."""
-    sharding = data_device.batch_sharding(mesh, rules)
+def build_eval(task, checked: Checked) -> EvalPrograms:
+    """The eval step alone, on the checked config's mesh: `build` less the optimizer, the
+    optimizer state's abstract tree and the train step."""
+    abstract, shardings = state_lib.params_shardings(task.model, checked.mesh, checked.rules,
+                                                     task.init_inputs())
+    eval_fn = step_lib.jit_eval_step(task, shardings, checked.batch_sharding, checked.rules)
+    return EvalPrograms(abstract, shardings, eval_fn)
+
+
+def evaluate_params(config, workdir: str, task, params, programs: EvalPrograms,
+                    checked: Checked) -> dict:
+    """task.evaluate of `params` (placed on programs.param_shardings) as at step 0, its
+    scalars written to WORKDIR/metrics.jsonl (predicting with a fine-tuned model)."""
+    sharding = checked.batch_sharding
 
     def run(batch):
         return jax.device_get(programs.eval_fn(params, data_device.to_global(batch, sharding)))
@@ -173,13 +147,13 @@ def evaluate_params(config, workdir: str, task, params, programs: Programs, mesh
     return scalars
 
 
-def fresh_state(config, task, programs: Programs, mesh, rules, rng=None):
+def fresh_state(config, task, programs: Programs, checked: Checked, rng=None):
     """(state, rng) of a run that starts: params from the seed's init key, then the trees
     task.init_keys takes from task.init_source (a warm start), a fresh optimizer state."""
-    rep = sharding_lib.replicated(mesh)
+    rep = checked.replicated
     if rng is None:  # built by a jitted function: device_put cannot reach other processes
         rng = jax.jit(lambda: jax.random.key(int(config.train.seed)), out_shardings=rep)()
-    state = state_lib.init_state(task.model, programs.tx, mesh, rules,
+    state = state_lib.init_state(task.model, programs.tx, checked.mesh, checked.rules,
                                  jax.random.fold_in(rng, 0x5EED), task.init_inputs(),
                                  programs.shardings)
     if task.init_source is not None:
@@ -190,15 +164,18 @@ def fresh_state(config, task, programs: Programs, mesh, rules, rng=None):
     return state, rng
 
 
-def train(config, workdir: str, task, *, programs: Optional[Programs] = None,
-          progress: bool = True, after_save: Optional[Callable[[int], None]] = None,
+def train(config, workdir: str, task, *, checked: Optional[Checked] = None,
+          programs: Optional[Programs] = None, progress: bool = True,
+          after_save: Optional[Callable[[int], None]] = None,
           after_step: Optional[Callable[[int], None]] = None,
           fail_save_at: Optional[int] = None) -> Outcome:
-    """Runs (or resumes) `task`'s training under `config` in `workdir`. `programs`: those of
-    a previous run of the same config and shapes. `after_save(step)` runs once a checkpoint
-    is on disk, `after_step(step)` after each step (tests kill or preempt there);
-    `fail_save_at`: the save of that step fails on this process (fault drills)."""
-    run = _Run(config, workdir, task, programs, progress, after_save, after_step,
+    """Runs (or resumes) `task`'s training under `config` in `workdir`. `checked`:
+    check(config) already done (a sweep's runs share it; checked here when not given).
+    `programs`: those of a previous run of the same config and shapes. `after_save(step)`
+    runs once a checkpoint is on disk, `after_step(step)` after each step (tests kill or
+    preempt there); `fail_save_at`: the save of that step fails on this process (fault
+    drills)."""
+    run = _Run(config, workdir, task, checked, programs, progress, after_save, after_step,
                fail_save_at)
     return run.go()
 
@@ -206,8 +183,8 @@ def train(config, workdir: str, task, *, programs: Optional[Programs] = None,
 class _Run:
     """One call of train(): the pieces the steps share."""
 
-    def __init__(self, config, workdir, task, programs, progress, after_save, after_step,
-                 fail_save_at=None):
+    def __init__(self, config, workdir, task, checked, programs, progress, after_save,
+                 after_step, fail_save_at=None):
         self.config, self.task, self.progress = config, task, progress
         self.after_save, self.after_step = after_save, after_step
         self.is_main = jax.process_index() == 0
@@ -215,10 +192,11 @@ class _Run:
         # --- everything that can fail cheaply fails before any compile, and before the
         # workdir is made (a mistake leaves nothing behind) --------------------------------
         paths.check_dir(self.workdir)
-        self.mesh, self.rules = precheck(config)
+        self.checked = checked = checked or check(config)
+        self.mesh = checked.mesh
         check_task(config, task)
         self.steps = run_steps(config, getattr(task, "train_examples", None))
-        self.ckpt_every = checkpoint_every(config)  # 0: at the end only
+        self.ckpt_every = checked.checkpoint_every  # 0: at the end only
         # The attention path each step will take on these devices (an explicit choice that
         # cannot run here fails now, naming model.attention).
         self.platform = platform_name(self.mesh.devices.flat[0].platform)
@@ -227,8 +205,7 @@ class _Run:
             deterministic_training=bool(config.train.deterministic),
             window=task.model_config.layer_window(1))
         self.resumable = bool(saved_steps(self.workdir))
-        if (warm_start.Resize.from_config(config.train).active
-                and getattr(task, "init_resize", None) is None):
+        if checked.resize.active and getattr(task, "init_resize", None) is None:
             raise ConfigError(f"config.train.init_extend_positions / init_extend_vocab apply "
                               f"to pre-training warm starts, not to {task.title}; extend the "
                               f"model by a pre-training run first")
@@ -240,13 +217,13 @@ class _Run:
             warm_start.check_shapes(task.init_source,
                                     state_lib.abstract_params(task.model, task.init_inputs()),
                                     task.init_keys, getattr(task, "init_resize", None))
-        self.batch_sharding = data_device.batch_sharding(self.mesh, self.rules)
-        self.rep = sharding_lib.replicated(self.mesh)
+        self.batch_sharding = checked.batch_sharding
+        self.rep = checked.replicated
         # The input is checked before anything is built or compiled (TFRecords built from
         # raw text go under the workdir, made for them).
         host_data = task.train_data(config, self.workdir)
         paths.makedirs(self.workdir)
-        self.programs = programs or build(config, task, self.mesh, self.rules, self.steps)
+        self.programs = programs or build(config, task, checked, self.steps)
         self.gate = InputGate(self.batch_sharding,
                               int(config.train.batch_size) // jax.process_count())
         self.writer = metrics_lib.MetricWriter(self.workdir, bool(config.train.tensorboard))
@@ -290,7 +267,7 @@ class _Run:
                           f"every process skipped {restored.position} batches of its own "
                           f"stream instead")
             return state, rng
-        state, rng = fresh_state(config, self.task, p, self.mesh, self.rules, rng)
+        state, rng = fresh_state(config, self.task, p, self.checked, rng)
         if self.task.init_source is not None:
             self.info(f"warm start from {self.task.init_source.path}"
                       + _changes(getattr(self.task, "init_changes", [])))

@@ -62,13 +62,24 @@ def state_shardings(model, tx: optax.GradientTransformation, mesh, rules, inputs
     """(abstract unboxed TrainState of ShapeDtypeStructs, matching tree of NamedShardings).
     `inputs`: the model's keyword arguments for one example (shapes only; `dummy_inputs`
     for the BERT models, a task's `init_inputs()`)."""
-    rng = jax.random.key(0)
+    return _abstract_sharded(lambda r: _boxed_init(model, tx, inputs, r), mesh, rules)
+
+
+def params_shardings(model, mesh, rules, inputs: dict):
+    """(abstract params of ShapeDtypeStructs, matching tree of NamedShardings): the params
+    of `state_shardings`, without an optimizer (evaluating given params)."""
+    return _abstract_sharded(
+        lambda r: fp8_lib.split(model.init({"params": r}, **inputs))[0], mesh, rules)
+
+
+def _abstract_sharded(init, mesh, rules):
+    """(`init`'s output as ShapeDtypeStructs carrying their shardings, the shardings) from
+    the logical axis names of its boxed leaves; nothing is allocated."""
     # Init is traced with the rules but without a global mesh: flax's DenseGeneral builds its
     # kernel flat and unboxes it (applying the 3-axis logical constraint to a 2-D array)
     # before reshaping, which fails under a mesh. Placement comes from out_shardings anyway.
     with nn.logical_axis_rules(rules):
-        boxed = jax.eval_shape(
-            lambda r: _boxed_init(model, tx, inputs, r), rng)
+        boxed = jax.eval_shape(init, jax.random.key(0))
         shardings = sharding_lib.logical_shardings(boxed, mesh, rules)
     abstract = nn.meta.unbox(boxed)
     abstract = jax.tree_util.tree_map(

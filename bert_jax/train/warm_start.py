@@ -26,12 +26,11 @@ import flax
 import jax
 import numpy as np
 
-from bert_jax.convert.sources import locate
-from bert_jax.convert.sources import InitSource, flat_shapes
-from bert_jax.tokenization import load_tokenizer
+from bert_jax.convert.sources import InitSource, locate
 from bert_jax.errors import UserError
 from bert_jax.models.config import ConfigError
-from bert_jax.models.params import layer_layout, stack_layers
+from bert_jax.models.params import encoder_layout, flat_shapes, layer_layout, stack_layers
+from bert_jax.tokenization import load_tokenizer
 from bert_jax.train import checkpoint as ckpt_lib
 
 ARCH_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -84,6 +83,12 @@ class Resize:
     @property
     def active(self) -> bool:
         return bool(self.positions or self.vocab)
+
+    @property
+    def growable(self) -> tuple[str, ...]:
+        """The tensors it may give more rows (along their first axis only)."""
+        return (((POSITIONS,) if self.positions else ())
+                + ((WORDS, MLM_BIAS) if self.vocab else ()))
 
 
 def rotary(config) -> bool:
@@ -234,29 +239,14 @@ def taken_keys(source: InitSource, abstract_params, keys: Optional[Sequence[str]
     return taken
 
 
-def _layout(abstract_params) -> tuple[bool, int]:
-    """(scanned layers, number of layers) of a params tree's encoder."""
-    encoder = abstract_params["bert"]["encoder"]
-    if "layers" in encoder:
-        return True, int(jax.tree_util.tree_leaves(encoder["layers"])[0].shape[0])
-    return False, sum(1 for k in encoder if k.startswith("layer_"))
-
-
-def _grows(key: str, old: tuple, new: tuple, resize: Optional[Resize]) -> bool:
-    """`resize` takes tensor `key` from shape `old` to `new`: more rows, nothing else."""
-    if resize is None or len(old) != len(new) or old[1:] != new[1:] or not old[0] < new[0]:
-        return False
-    return bool((key == POSITIONS and resize.positions)
-                or (key in (WORDS, MLM_BIAS) and resize.vocab))
-
-
 def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[str]],
                  resize: Optional[Resize] = None) -> dict:
     """Every tensor of the trees taken exists in `source` with the model's shape, or one
     `resize` grows; else a UserError naming the key and both shapes. Cheap (shapes only):
     call it before compiling anything. Returns the tensors to grow: {key: (old, new)}."""
     taken = taken_keys(source, abstract_params, keys)
-    got = source.shapes(*_layout(abstract_params))
+    growable = resize.growable if resize is not None else ()
+    got = source.shapes(*encoder_layout(abstract_params))
     want = flat_shapes({k: abstract_params[k] for k in taken})
     missing = sorted(k for k in want if k not in got)
     if missing:
@@ -274,7 +264,8 @@ def check_shapes(source: InitSource, abstract_params, keys: Optional[Sequence[st
         old, new = tuple(got[k]), tuple(shape)
         if old == new:
             continue
-        if _grows(k, old, new, resize):
+        # More rows of a tensor `resize` may grow, nothing else: taken.
+        if k in growable and len(old) == len(new) and old[1:] == new[1:] and old[0] < new[0]:
             grown[k] = (old, new)
             continue
         c = source.config
@@ -393,7 +384,7 @@ def place_numpy(tree, abstract, shardings):
 def numpy_params(source: InitSource, abstract_params) -> dict:
     """A model or Hugging Face directory's params in the layer layout of `abstract_params`
     (predicting with a fine-tuned model's own head)."""
-    scanned, layers = _layout(abstract_params)
+    scanned, layers = encoder_layout(abstract_params)
     params = dict(source.params)
     if scanned and "bert" in params:
         params["bert"] = stack_layers({"bert": params["bert"]}, layers)["bert"]

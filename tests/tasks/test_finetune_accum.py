@@ -9,6 +9,7 @@ import pytest
 
 from bert_jax.data import device as data_device
 from bert_jax.train import loop
+from bert_jax.train.checked import check
 from tests.tasks.finetune_common import prepared, tiny_pairs_config
 
 
@@ -19,8 +20,8 @@ def _setup(accum: int):
     # No dropout: the masks of a micro-batch cannot be those of the same rows in one batch.
     config.model_overrides.hidden_dropout_prob = 0.0
     config.model_overrides.attention_probs_dropout_prob = 0.0
-    task, mesh, rules, programs = prepared(config, steps=10)
-    return config, task, mesh, rules, programs
+    task, checked, programs = prepared(config, steps=10)
+    return config, task, checked, programs
 
 
 def _host(tree):
@@ -30,15 +31,15 @@ def _host(tree):
 def test_four_micro_batches_equal_one_batch():
     runs = {}
     for accum in (1, 4):
-        config, task, mesh, rules, programs = _setup(accum)
-        state, rng = loop.fresh_state(config, task, programs, mesh, rules)
+        config, task, checked, programs = _setup(accum)
+        state, rng = loop.fresh_state(config, task, programs, checked)
         batch = {k: v[:16] for k, v in task.train_features.items()}
         batch["example_weights"] = np.ones(16, np.float32)
         # Micro-batch 0 is rows 0, 4, 8, 12 (bert_jax.train.step.micro_batches): with three of
         # them weightless it holds one real row against four in the others, so a mean of
         # micro-batch means would weigh row 12 four times too much.
         batch["example_weights"][[0, 4, 8]] = 0.0
-        batch = data_device.to_global(batch, data_device.batch_sharding(mesh, rules))
+        batch = data_device.to_global(batch, checked.batch_sharding)
         metrics = []
         for _ in range(2):
             state, m = programs.train_fn(state, batch, rng)
@@ -61,7 +62,7 @@ def test_accum_steps_must_divide_the_batch():
     config.train.accum_steps = 3
     with pytest.raises(ValueError, match=r"config.train.batch_size=16 is not divisible by "
                                          r"config.train.accum_steps=3"):
-        loop.precheck(config)
+        check(config)
     config.train.accum_steps = 0
     with pytest.raises(ValueError, match=r"config.train.accum_steps=0: expected a positive"):
-        loop.precheck(config)
+        check(config)

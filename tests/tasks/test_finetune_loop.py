@@ -107,3 +107,47 @@ def test_keys_a_fine_tuning_run_cannot_use_are_errors_before_any_data(key, value
     with pytest.raises(ConfigError, match=message):
         finetune.run(config, str(tmp_path / "run"), progress=False)
     assert not (tmp_path / "run").exists()
+
+
+def test_no_steps_and_no_epochs_is_an_error_before_any_data(tmp_path):
+    """train.steps <= 0 with no epochs: named when the config is checked, before the task's
+    files are read and tokenized (task.data_dir does not exist)."""
+    from bert_jax.models.config import ConfigError
+
+    config = tiny_pairs_config()
+    config.train.steps, config.train.epochs = 0, 0.0
+    config.task.data_dir = str(tmp_path / "no_such_dir")
+    with pytest.raises(ConfigError, match=r"config.train.steps=0 and train.epochs=0.0: set "
+                                          r"train.steps > 0 or train.epochs > 0$"):
+        finetune.run(config, str(tmp_path / "run"), progress=False)
+
+
+def test_a_sweep_checks_its_config_once(monkeypatch, tmp_path):
+    """finetune.run checks the config once (bert_jax/train/checked.py) and hands every run of
+    the sweep the same Checked; the runs differ in schedule.lr and train.seed only. The loop
+    here is a stand-in that records what it is given."""
+    from bert_jax.train import checked as checked_lib
+    from bert_jax.train import loop
+
+    checks, runs = [], []
+
+    def counted(config):
+        checks.append(config)
+        return checked_lib.check(config)
+
+    def stand_in(config, workdir, task, *, checked=None, **kwargs):
+        runs.append((float(config.schedule.lr), int(config.train.seed), checked))
+        scores = {f"{e.name}/{task.main_metric}": 0.5 + 0.1 * len(runs)
+                  for e in task.eval_data}
+        return loop.Outcome(dict(scores, train_seconds=0.0, step=4), None, False)
+
+    monkeypatch.setattr(finetune, "check", counted)
+    monkeypatch.setattr(loop, "check", counted)
+    monkeypatch.setattr(loop, "train", stand_in)
+    config = tiny_pairs_config(restarts=2, cache_dir=str(tmp_path / "cache"))
+    config.sweep.lrs = (5e-3, 1e-3)
+    config.sweep.save_best_model = False
+    summary = finetune.run(config, str(tmp_path / "run"), progress=False)
+    assert len(checks) == 1 and summary["runs"] == 4 and summary["best_run"] == 3
+    assert [(lr, seed) for lr, seed, _ in runs] == [(5e-3, 0), (5e-3, 1), (1e-3, 0), (1e-3, 1)]
+    assert all(isinstance(c, checked_lib.Checked) and c is runs[0][2] for _, _, c in runs)

@@ -94,8 +94,8 @@ def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
     config = _config(pretrain_workdir)
     bert_config, source, _ = finetune.model_and_init(config)
     assert bert_config.scan_layers and bert_config.hidden_dropout_prob == 0.1
-    task, mesh, rules, programs = prepared(config)
-    state, _ = loop.fresh_state(config, task, programs, mesh, rules)
+    task, checked, programs = prepared(config)
+    state, _ = loop.fresh_state(config, task, programs, checked)
 
     got = flax.traverse_util.flatten_dict(jax.device_get(state.params["bert"]))
     want = _saved_bert(pretrain_workdir, 2)
@@ -105,7 +105,7 @@ def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
                                       err_msg="/".join(key))
     # ...trained weights, not a fresh init: step 2 differs from a fresh seed-0 init.
     task.init_source = None
-    fresh, _ = loop.fresh_state(config, task, programs, mesh, rules)
+    fresh, _ = loop.fresh_state(config, task, programs, checked)
     fresh_kernel = np.asarray(fresh.params["bert"]["encoder"]["layers"]["intermediate"]["kernel"])
     assert not np.array_equal(fresh_kernel, want[("encoder", "layers", "intermediate", "kernel")])
     # The head is new and the optimizer state fresh (all moments zero).
@@ -119,9 +119,9 @@ def test_encoder_from_a_chosen_step(pretrain_workdir):
     """WORKDIR/checkpoints/<step> loads that step's encoder, not the latest; a step that was
     not saved is an error listing the saved ones."""
     config = _config(pretrain_workdir / "checkpoints" / "1")
-    task, mesh, rules, programs = prepared(config)
+    task, checked, programs = prepared(config)
     assert (task.init_source.kind, task.init_source.step) == ("workdir", 1)
-    state, _ = loop.fresh_state(config, task, programs, mesh, rules)
+    state, _ = loop.fresh_state(config, task, programs, checked)
     got = flax.traverse_util.flatten_dict(jax.device_get(state.params["bert"]))
     want, latest = _saved_bert(pretrain_workdir, 1), _saved_bert(pretrain_workdir, 2)
     key = ("encoder", "layers", "intermediate", "kernel")

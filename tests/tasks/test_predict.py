@@ -84,3 +84,54 @@ def _base_model():
     from bert_jax.tasks.registry import base_config
 
     return dict(base_config().model)
+
+
+def test_predicting_builds_no_optimizer_and_no_train_step(reference_run, tmp_path,
+                                                          monkeypatch):
+    """The eval step alone (loop.build_eval): neither the optimizer nor the training
+    programs are built, and the predictions are the best run's all the same."""
+    from bert_jax import optim
+    from bert_jax.train import loop, step
+
+    def refused(*args, **kwargs):
+        raise AssertionError("built for prediction")
+
+    for module, name in ((loop, "build"), (optim, "make_optimizer"),
+                         (step, "jit_train_step")):
+        monkeypatch.setattr(module, name, refused)
+    work, summary = reference_run
+    out = tmp_path / "predict"
+    result = finetune.run(_predict_config(work / "best_model", DATA / "pairs"), str(out),
+                          progress=False)
+    recorded = [json.loads(l) for l in open(work / "metrics.jsonl")][summary["best_run"]]
+    assert result["dev/accuracy"] == pytest.approx(recorded["dev/accuracy"])
+
+
+def test_the_eval_build_is_the_training_build_less_its_optimizer():
+    """loop.build_eval's params (shapes, dtypes, shardings) are those of loop.build's
+    state, and its eval step computes what the training build's does, bit for bit."""
+    import jax
+    import numpy as np
+
+    from bert_jax.data import device
+    from bert_jax.tasks.inputs import eval_batches
+    from bert_jax.train import loop
+    from bert_jax.train import state as state_lib
+    from tests.tasks.finetune_common import prepared, tiny_pairs_config
+
+    task, checked, programs = prepared(tiny_pairs_config())
+    ev = loop.build_eval(task, checked)
+    assert not hasattr(ev, "tx") and not hasattr(ev, "train_fn")
+    assert ev.abstract_params == programs.abstract.params
+    assert ev.param_shardings == programs.shardings.params
+    params = state_lib.init_state(task.model, programs.tx, checked.mesh, checked.rules,
+                                  jax.random.key(3), task.init_inputs(),
+                                  programs.shardings).params
+    batch = next(eval_batches(task.eval_data[0].features, task.eval_batch_size))
+    placed = device.to_global(batch, checked.batch_sharding)
+    got = jax.device_get(ev.eval_fn(params, placed))
+    want = jax.device_get(programs.eval_fn(params, placed))
+    assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(want)
+    for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_array_equal(a, b)
+

@@ -21,6 +21,7 @@ from bert_jax.models.config import ConfigError, from_config_dict
 from bert_jax.tasks.pretraining import data as data_lib
 from bert_jax.tasks.pretraining.loss import pretraining_loss
 from bert_jax.train import loop, settings
+from bert_jax.train.checked import check
 from bert_jax.train.state import dummy_inputs
 from bert_jax.train.task import Shape
 from bert_jax.train.warm_start import Resize, check_warm_start
@@ -201,5 +202,6 @@ def run(config, workdir: str, *, make_train_data: Optional[Callable] = None,
         make_eval_data: Optional[Callable] = None, **kwargs) -> dict:
     """Pre-trains (or resumes) in `workdir`; the run's summary. kwargs: loop.train's
     (after_save, after_step, progress)."""
+    checked = check(config)  # before the warm start's source is opened
     task = PretrainingTask(config, workdir, make_train_data, make_eval_data)
-    return loop.train(config, workdir, task, **kwargs).summary
+    return loop.train(config, workdir, task, checked=checked, **kwargs).summary
