@@ -5,13 +5,28 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
+import sys  # noqa: E402
 import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GOLDENS = REPO / "tests" / "goldens"
+
+
+def load_script(path: str, name: str | None = None, register: bool = False):
+    """A script of the repository (`benchmarks/x.py`, `configs/x.py`, `docs/x.py`) imported
+    as a module without running its main (its flags are defined only when it runs as a
+    program). `register` puts it in sys.modules first, as its dataclasses need."""
+    name = name or pathlib.Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture

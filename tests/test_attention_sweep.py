@@ -4,20 +4,15 @@ gradients, the table, the files; and auto_rule on hand-made rows."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 
 def _sweep_module():
-    spec = importlib.util.spec_from_file_location("attention_sweep",
-                                                  REPO / "benchmarks/attention_sweep.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/attention_sweep.py")
 
 
 def test_flops_count_flash_attention_2s_convention():

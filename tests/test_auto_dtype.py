@@ -19,12 +19,9 @@ import pytest
 from bert_jax.models.config import BertConfig
 from bert_jax.models.kernels.backend import platform_name
 from bert_jax.train.config import load_config
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
-_SPEC = importlib.util.spec_from_file_location("compiled_step",
-                                               REPO / "benchmarks/compiled_step.py")
-compiled_step = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(compiled_step)
+compiled_step = load_script("benchmarks/compiled_step.py")
 
 # configs/bert_tiny.py, one layer and a 512-token vocabulary: lowering time.
 OVERRIDES = {"model.vocab_size": 512, "model.num_hidden_layers": 1}

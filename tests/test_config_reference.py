@@ -2,7 +2,6 @@
 every config has a description in docs/config_keys.py, no description is of a key that no
 config has, and the committed page is what docs/make_config_reference.py writes."""
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -11,18 +10,14 @@ import pytest
 
 from bert_jax.tasks.choice import CHOICE_FORMATS
 from bert_jax.tasks.glue import GLUE_TASKS
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 STALE_HINT = "run `python docs/make_config_reference.py` and commit docs/configuration.md"
 
 
 @pytest.fixture(scope="module")
 def gen():
-    spec = importlib.util.spec_from_file_location(
-        "make_config_reference", REPO / "docs" / "make_config_reference.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("docs/make_config_reference.py")
 
 
 @pytest.fixture(scope="module")

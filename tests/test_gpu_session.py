@@ -12,9 +12,7 @@ import shlex
 import subprocess
 import tarfile
 
-import pytest
-
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 SCRIPT = REPO / "benchmarks" / "gpu_session.sh"
 
@@ -77,9 +75,7 @@ def test_every_command_takes_its_flags(tmp_path):
     steps = {}
     for part in ("1", "2"):
         steps.update(_commands(_dry_run(tmp_path, part)[0]))
-    spec = importlib.util.spec_from_file_location("gpu_suite",
-                                                  REPO / "benchmarks/gpu_suite.py")
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # benchmarks/ on sys.path
+    load_script("benchmarks/gpu_suite.py")  # puts benchmarks/ on sys.path
     suite = importlib.import_module("gpu.suite")
     p = suite.parser("")
     for name in ("suite1", "suite2"):

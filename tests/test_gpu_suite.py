@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 CASES = {"base128": (4, 32, 5), "large128": (4, 32, 5), "large512": (2, 64, 10),
          "packed512": (2, 512, 77)}
@@ -36,9 +36,7 @@ _NOT_ON_GPU_IMAGE = ("google_crc32c", "sentencex", "sentencepiece", "tensorflow_
 def _suite_module(name: str):
     """benchmarks/gpu/<name>.py, imported as benchmarks/gpu_suite.py imports it (loading the
     script puts benchmarks/ on sys.path)."""
-    spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks/gpu_suite.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    load_script("benchmarks/gpu_suite.py")
     return importlib.import_module(f"gpu.{name}")
 
 

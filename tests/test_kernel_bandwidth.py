@@ -5,7 +5,6 @@ within the stated bounds); the check rejects a wrong output."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import jax
@@ -13,15 +12,11 @@ import jax.numpy as jnp
 import pytest
 
 from bert_jax.models.kernels import gelu, residual_norm
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("kernel_bandwidth",
-                                                  REPO / "benchmarks/kernel_bandwidth.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/kernel_bandwidth.py")
 
 
 def test_minimum_bytes_by_hand():

@@ -1,13 +1,12 @@
 """The repository's own contracts: CI runs the README's test command; configs load."""
 
-import importlib.util
 import re
 
 import pytest
 
 from bert_jax.models import BertConfig
 from bert_jax.models.config import from_config_dict
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 
 def _readme_test_command() -> str:
@@ -33,9 +32,7 @@ def test_the_test_command_installs_tensorflow_text():
 @pytest.mark.parametrize("name, layers, hidden", [
     ("bert_tiny", 2, 128), ("bert_base", 12, 768), ("bert_large", 24, 1024)])
 def test_model_configs(name, layers, hidden):
-    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(f"configs/{name}.py")
     config = from_config_dict(module.get_config().model)
     assert isinstance(config, BertConfig)
     assert (config.num_hidden_layers, config.hidden_size) == (layers, hidden)

@@ -3,7 +3,6 @@ by hand, and the script on the tiny config (CPU target): its sections and its es
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,14 +11,11 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 # The script's functions, imported as a module (its flags are defined only when it runs as a
 # program); registered first, as dataclasses need.
-_SPEC = importlib.util.spec_from_file_location("step_hlo", REPO / "benchmarks/step_hlo.py")
-step_hlo = importlib.util.module_from_spec(_SPEC)
-sys.modules["step_hlo"] = step_hlo
-_SPEC.loader.exec_module(step_hlo)
+step_hlo = load_script("benchmarks/step_hlo.py", register=True)
 
 # A scan-like loop (3 trips, known) writing one f32[4,8] row per trip into a stacked buffer
 # in place, a dot, a cuBLAS GEMM custom call, and a fusion reading one row of the buffer.

@@ -8,19 +8,15 @@ import os
 import subprocess
 import sys
 
-import importlib.util
-
 import jax
 import pytest
 
 from bert_jax.train.config import load_config
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 # The benchmark script's analysis, imported as a module (its flags are defined only when it
 # runs as a program).
-_SPEC = importlib.util.spec_from_file_location("step_memory", REPO / "benchmarks/step_memory.py")
-step_memory = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(step_memory)
+step_memory = load_script("benchmarks/step_memory.py")
 # configs/bert_tiny.py (H=128, A=2, F=512) with 4 scanned layers and a 512-token vocabulary,
 # so that activations, not the vocabulary, dominate: batch 16 x 128, 20 MLM slots, float32.
 OVERRIDES = {"model.vocab_size": 512, "model.num_hidden_layers": 4, "model.scan_layers": True}

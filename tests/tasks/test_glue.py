@@ -1,21 +1,20 @@
 """GLUE / pair tasks: TSV readers, feature layout, loss, submission files, eval padding,
 the TFRecord feature cache and the configs."""
 
-import importlib.util
 import os
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bert_jax.tasks import classification, glue
+from bert_jax.tasks import inputs as tasks_input
+from bert_jax.tasks.base import EvalSet, collect
 from bert_jax.tasks.glue import reader as readers
 from bert_jax.tasks.readers import DataError
-from bert_jax.tasks import inputs as tasks_input
 from bert_jax.tokenization import load_tokenizer
-from bert_jax.tasks import classification, glue
-from bert_jax.tasks.base import EvalSet, collect
-
-from tests.tasks.conftest import DATA, REPO, VOCAB
+from tests.conftest import load_script
+from tests.tasks.conftest import DATA, VOCAB
 
 
 @pytest.fixture(scope="module")
@@ -231,10 +230,7 @@ def test_submission_format_stsb_and_mnli(tmp_path):
 
 
 def _load_config(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "configs" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(f"configs/{name}.py")
 
 
 def test_every_glue_config_builds_its_task():

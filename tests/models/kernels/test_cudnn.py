@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.models.kernels.attention import AttentionConfigError, cudnn, resolve
-from tests.conftest import REPO
+from bert_jax.models.kernels.attention import cudnn, resolve
+from tests.conftest import REPO, load_script
 from tests.models.helpers import tiny_config
 
 GPU_TARGET = REPO.parent / "shared" / "gpu" / "h100_sxm.txtpb"
@@ -26,11 +26,7 @@ ON_GPU = jax.default_backend() == "gpu"
 
 
 def _masks_module():
-    spec = importlib.util.spec_from_file_location("attention_masks",
-                                                  REPO / "benchmarks/attention_masks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/attention_masks.py")
 
 
 def test_private_api_is_the_one_wrapped():
