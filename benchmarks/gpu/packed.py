@@ -23,22 +23,11 @@ HELD_OUT_SEED = 54321  # the random seed the pre-training task builds its held-o
 
 def heldout_documents() -> list[str]:
     """The sample corpus' held-out documents, each its lines joined (one sentence per line)."""
-    from bert_jax.tasks.pretraining.data import HELD_OUT_EVERY
+    from bert_jax.tasks.pretraining.data import held_out, text_documents
     from data_prep import SAMPLE_CORPUS
 
-    docs: list[str] = []
-    for path in sorted(glob.glob(os.path.join(SAMPLE_CORPUS, "*.txt"))):
-        current: list[str] = []
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.strip():
-                    current.append(line)
-                elif current:
-                    docs.append("".join(current))
-                    current = []
-        if current:
-            docs.append("".join(current))
-    return [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
+    docs, _ = text_documents(sorted(glob.glob(os.path.join(SAMPLE_CORPUS, "*.txt"))))
+    return held_out(docs)[1]
 
 
 def heldout_rows(seq: int, preds: int, k: int) -> dict:

@@ -99,9 +99,10 @@ def make_eval_data(config, workdir: str):  # noqa: ARG001
                                   or int(config.train.batch_size))
 
 
-def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int, list[str]]:
-    """Documents are separated by blank lines (the original input format). Returns (train
-    documents, held-out documents, the files without any text)."""
+def text_documents(files) -> tuple[list[str], list[str]]:
+    """The documents of text files in the original input format (one sentence per line,
+    documents separated by blank lines), each its lines joined, in file order; and the
+    files without any text."""
     docs: list[str] = []
     blank = []
     for path in files:
@@ -126,8 +127,20 @@ def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int, li
                                  f"it or leave it out of data.text_files") from None
         if len(docs) == before:
             blank.append(path)
-    train = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1]
-    held = [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1]
+    return docs, blank
+
+
+def held_out(docs: list[str]) -> tuple[list[str], list[str]]:
+    """(training documents, held-out documents): 1 document in HELD_OUT_EVERY held out."""
+    return ([d for i, d in enumerate(docs) if i % HELD_OUT_EVERY != HELD_OUT_EVERY - 1],
+            [d for i, d in enumerate(docs) if i % HELD_OUT_EVERY == HELD_OUT_EVERY - 1])
+
+
+def _split_documents(files, out_train: str, out_eval: str) -> tuple[int, int, list[str]]:
+    """The files' documents (text_documents) into a training and a held-out text file.
+    Returns (train documents, held-out documents, the files without any text)."""
+    docs, blank = text_documents(files)
+    train, held = held_out(docs)
     for out, part in ((out_train, train), (out_eval, held)):
         with open(out + ".tmp", "w", encoding="utf-8") as f:
             f.write("\n".join(part))
