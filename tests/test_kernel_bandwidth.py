@@ -52,6 +52,8 @@ def test_grids_are_small_valid_tunings():
         assert len(set(tunings)) == len(tunings), kernel  # no tuning twice
     with pytest.raises(ValueError, match="GeluTuning.cols=384"):
         gelu.GeluTuning(cols=384)
+    with pytest.raises(ValueError, match="NormTuning.bwd_chunk=384: a power of two"):
+        residual_norm.NormTuning(bwd_chunk=384)
     with pytest.raises(ValueError, match="bwd_step <= bwd_rows"):
         residual_norm.NormTuning(bwd_rows=4, bwd_step=8)
 

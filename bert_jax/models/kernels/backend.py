@@ -1,5 +1,6 @@
 """Which platform a trace compiles for, as the kernel dispatch (attention, FFN) names it,
-and which mesh axes a custom kernel's operands are sharded over."""
+which mesh axes a custom kernel's operands are sharded over, and the check of a kernel's
+launch parameters."""
 
 from __future__ import annotations
 
@@ -7,6 +8,16 @@ import math
 
 import flax.linen as nn
 import jax
+
+
+def check_tiles(tuning, names: tuple[str, ...]) -> None:
+    """Each named field of a launch-parameter dataclass is a power of two (Triton's tiles
+    and warp counts); a ValueError names the field otherwise."""
+    for name in names:
+        value = getattr(tuning, name)
+        if value < 1 or value & (value - 1):
+            raise ValueError(f"{type(tuning).__name__}.{name}={value}: a power of two "
+                             f"(Triton's tiles)")
 
 
 def platform() -> str:

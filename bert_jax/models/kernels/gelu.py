@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.models.kernels.backend import axes_size, platform, sharded_axes
+from bert_jax.models.kernels.backend import axes_size, check_tiles, platform, sharded_axes
 
 try:  # jax's Triton-specific Pallas options; optional
     from jax.experimental.pallas import triton as _triton
@@ -77,10 +77,7 @@ class GeluTuning:
     num_stages: int = 1
 
     def __post_init__(self):
-        for name in ("rows", "chunk", "cols", "num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"GeluTuning.{name}={value}: a power of two (Triton's tiles)")
+        check_tiles(self, ("rows", "chunk", "cols", "num_warps"))
         if self.chunk > self.rows or self.num_stages < 1:
             raise ValueError(f"GeluTuning: chunk <= rows and num_stages >= 1, got {self}")
 

@@ -54,7 +54,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-from bert_jax.models.kernels.backend import axes_size, platform, sharded_axes
+from bert_jax.models.kernels.backend import axes_size, check_tiles, platform, sharded_axes
 from bert_jax.models.kernels.dropout_hash import GOLDEN, drop_threshold, fmix32
 
 try:  # jax's Triton-specific Pallas options; optional
@@ -93,11 +93,8 @@ class NormTuning:
     bwd_num_stages: int = 1
 
     def __post_init__(self):
-        for name in ("fwd_rows", "fwd_chunk", "fwd_num_warps", "bwd_rows", "bwd_step",
-                     "bwd_chunk", "bwd_num_warps"):
-            value = getattr(self, name)
-            if value < 1 or value & (value - 1):
-                raise ValueError(f"NormTuning.{name}={value}: a power of two (Triton's tiles)")
+        check_tiles(self, ("fwd_rows", "fwd_chunk", "fwd_num_warps", "bwd_rows", "bwd_step",
+                           "bwd_chunk", "bwd_num_warps"))
         if self.bwd_step > self.bwd_rows or min(self.fwd_num_stages, self.bwd_num_stages) < 1:
             raise ValueError(f"NormTuning: bwd_step <= bwd_rows and stages >= 1, got {self}")
 
