@@ -50,7 +50,7 @@ if __name__ == "__main__" and supervise.wanted(sys.argv):
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from bert_jax.tasks import finetune, pretraining  # noqa: E402
+from bert_jax.tasks import finetune, predict, pretraining  # noqa: E402
 from bert_jax.train import coordination, runtime  # noqa: E402
 from bert_jax.train.config import check_config_flag, config_path  # noqa: E402
 
@@ -130,7 +130,11 @@ def main(argv):
             # Fine-tuning configs (configs/glue.py, squad.py, ner.py, swag.py: a `task`
             # section): the sweep of restarts x learning rates over the same loop. An
             # unknown task.kind is an error there, never a pre-training run.
-            finetune.run(FLAGS.config, FLAGS.workdir)
+            # train.do_train=False predicts with a fine-tuned model instead.
+            if FLAGS.config.train.do_train:
+                finetune.run(FLAGS.config, FLAGS.workdir)
+            else:
+                predict.run(FLAGS.config, FLAGS.workdir)
             return
         pretraining.run(FLAGS.config, FLAGS.workdir, after_save=after_save,
                         fail_save_at=FLAGS.debug_fail_save_at_step)

@@ -62,6 +62,15 @@ def test_train_py_error_in_main_is_one_line(tmp_path):
         "error: no train.init_checkpoint given: fine-tuning starts from a pretrained "
         "encoder; pass --config.train.init_checkpoint="), r.stderr
     assert not workdir.exists()  # refused before anything was written
+    # train.do_train=False: the launcher predicts (bert_jax.tasks.predict), whose own check
+    # names the missing fine-tuned checkpoint.
+    r, lines = _run("launch/train.py", "--config=configs/glue.py:mrpc", f"--workdir={workdir}",
+                    "--config.train.do_train=False")
+    assert r.returncode == 2, r.stderr
+    assert lines == ["error: train.do_train=False predicts with a fine-tuned model: set "
+                     "train.init_checkpoint to it (e.g. a fine-tuning run's best_model/)"], \
+        r.stderr
+    assert not workdir.exists()
 
 
 def _as_lists(value):

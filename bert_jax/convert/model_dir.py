@@ -85,6 +85,15 @@ def save_model_dir(path: str, params: Any, config: BertConfig,
     tmp = path + ".tmp"
     paths.rmtree(tmp)
     paths.makedirs(tmp)
+    # The small files first: a task record that is not one, or a vocabulary that is not
+    # there, fails before the params are written.
+    if task:
+        write_task(tmp, task)
+    # No FP8 scaling state travels in a model directory (it is training state): its
+    # config says so, and whatever loads it computes without FP8.
+    config.replace(scan_layers=False, fp8=False).to_json_file(paths.join(tmp, CONFIG_NAME))
+    if vocab_file:
+        paths.copy_file(vocab_file, paths.join(tmp, VOCAB_NAME))
     if config.scan_layers:
         params = unstack_layers(params, config.num_hidden_layers)
     params = _to_numpy(params)
@@ -95,13 +104,6 @@ def save_model_dir(path: str, params: Any, config: BertConfig,
     with ocp.StandardCheckpointer(multiprocessing_options=alone) as ckptr:
         ckptr.save(paths.join(tmp, PARAMS_NAME), params)
         ckptr.wait_until_finished()
-    # No FP8 scaling state travels in a model directory (it is training state): its
-    # config says so, and whatever loads it computes without FP8.
-    config.replace(scan_layers=False, fp8=False).to_json_file(paths.join(tmp, CONFIG_NAME))
-    if vocab_file:
-        paths.copy_file(vocab_file, paths.join(tmp, VOCAB_NAME))
-    if task:
-        write_task(tmp, task)
     paths.rename(tmp, path)
 
 

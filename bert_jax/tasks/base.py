@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.tasks.inputs import FeatureBatches, eval_batches, num_rows
+from bert_jax.train import settings
 from bert_jax.train.state import dummy_inputs
 from bert_jax.train.task import Shape
 
@@ -79,6 +80,9 @@ class FinetuneTask:
         self.eval_batch_size = (int(config.train.eval_batch_size)
                                 or int(config.train.batch_size))
         self.init_source = init_source
+        # The model is its checkpoint's (check(config) compared its settings): a resume
+        # compares the casing the text is tokenized with.
+        self.settings = {settings.CASING: bool(config.tokenizer.do_lower_case)}
 
     def train_features(self, tokenizer):
         """The training split's features (a task's `_features(split, examples, tokenizer)`

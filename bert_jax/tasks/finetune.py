@@ -12,7 +12,7 @@ task's main metric is kept in WORKDIR/best_model (a model directory), and WORKDI
 gets one line per finished run, then a summary line (mean, std, best run). The same command
 again reads the finished runs back and resumes the interrupted one; SIGTERM saves it and
 returns {"preempted": True, ...}. `train.do_train=False` evaluates and predicts with a
-fine-tuned model instead (bert_jax/tasks/predict.py).
+fine-tuned model instead: bert_jax/tasks/predict.py, which starts from the same `setup`.
 """
 
 from __future__ import annotations
@@ -28,68 +28,13 @@ from etils import epath
 from bert_jax import paths
 from bert_jax.convert import model_dir
 from bert_jax.convert.model_dir import save_model_dir
-from bert_jax.convert.sources import InitSource, open_source
-from bert_jax.models.config import BertConfig, ConfigError, from_config_dict
+from bert_jax.models.config import ConfigError
 from bert_jax.tasks import metrics as metrics_lib
-from bert_jax.tasks import predict as predict_lib
 from bert_jax.tasks.inputs import num_rows
 from bert_jax.tasks.registry import task_from_config
 from bert_jax.tokenization import load_tokenizer
-from bert_jax.train import loop, settings
-from bert_jax.train.checked import check
-
-
-def model_and_init(config) -> tuple[Any, Optional[InitSource], Optional[str]]:
-    """(BertConfig with config.model_overrides applied, the init source or None, vocab file
-    of the checkpoint or None)."""
-    source = None
-    if config.train.init_checkpoint:
-        source = open_source(config.train.init_checkpoint)
-        bert_config = source.config
-    else:
-        bert_config = from_config_dict(config.model)
-    vocab = source.vocab if source is not None else None
-    bert_config = bert_config.replace(**{k: v for k, v in config.model_overrides.to_dict().items()
-                                         if v is not None})
-    _check_model_config(config, source, bert_config)
-    if config.train.random_init:  # the control run: same architecture, no weights
-        source = None
-    return bert_config, source, vocab
-
-
-def _check_model_config(config, source: Optional[InitSource], used) -> None:
-    """The run's model (`used`) is the checkpoint's config (or `config.model`) plus
-    `config.model_overrides`: a ConfigError names a setting that would be dropped without a
-    word (a changed `config.model` key the run does not use, or a layout override a
-    pre-training workdir, restored as saved, cannot honour)."""
-    where = (f"train.init_checkpoint={config.train.init_checkpoint}" if source is not None
-             else "config.model")
-    if source is not None:  # the casing its vocabulary was trained with (settings.py)
-        settings.check({settings.CASING: source.do_lower_case},
-                       {settings.CASING: bool(config.tokenizer.do_lower_case)}, where,
-                       bool(config.train.get("accept_setting_changes", False)),
-                       keys={settings.CASING: "tokenizer.do_lower_case"})
-    if (source is not None and source.kind == "workdir"
-            and used.scan_layers != source.config.scan_layers):
-        raise ConfigError(
-            f"{where}: config.model_overrides.scan_layers={used.scan_layers} but the workdir "
-            f"was saved with scan_layers={source.config.scan_layers}, the layout it restores "
-            f"into; leave model_overrides.scan_layers unset")
-    defaults = BertConfig().to_dict()
-    final = used.to_dict()
-    ignored = sorted(k for k, v in config.model.to_dict().items()
-                     if k in defaults and v != defaults[k] and v != final[k])
-    if ignored:
-        shown = ", ".join(f"config.model.{k}={config.model[k]!r} (the run uses {final[k]!r})"
-                          for k in ignored)
-        origin = ("the checkpoint's config plus config.model_overrides" if source is not None
-                  else "config.model plus config.model_overrides, which wins")
-        raise ConfigError(
-            f"{where}: the model is {origin}, so {shown} would be ignored; set run-time "
-            f"options such as dropout, dropout_rng, dtype or remat as "
-            f"config.model_overrides.<key>"
-            + (", or clear train.init_checkpoint to train this architecture from scratch"
-               if source is not None else ""))
+from bert_jax.train import loop
+from bert_jax.train.checked import Checked, check
 
 
 # --- restarts, summary -------------------------------------------------------------------
@@ -123,31 +68,29 @@ def finished_runs(workdir: str, plan: list[tuple[float, int]]) -> list[dict]:
     return done
 
 
+def setup(config, workdir: str) -> tuple[str, Checked, Any]:
+    """What fine-tuning and predicting (bert_jax.tasks.predict) start from: (WORKDIR made
+    absolute and checked, check(config) with its RunModel, the tokenizer). Each then builds
+    config's task (`task_from_config`) and makes WORKDIR."""
+    workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
+    paths.check_dir(workdir)
+    # Keys, model, optimizer, mesh and batch sizes, once for every run: before any data is
+    # read.
+    checked = check(config)
+    tokenizer = load_tokenizer(vocab_file=checked.model.vocab,
+                               do_lower_case=config.tokenizer.do_lower_case)
+    return workdir, checked, tokenizer
+
+
 def run(config, workdir: str, progress: bool = True, after_step=None) -> dict:
     """Every run of the config (restarts x learning rates), resuming what a previous call
     left; returns the summary dict ({"preempted": True, ...} if SIGTERM stopped a run)."""
-    workdir = paths.resolve(workdir)  # a local path made absolute, or gs://... as it is
-    paths.check_dir(workdir)
-    # Keys, optimizer, mesh and batch sizes, once for every run: before any data is read.
-    checked = check(config)
-    bert_config, source, vocab = model_and_init(config)
-    vocab = config.tokenizer.vocab_file or vocab
-    if not vocab and not config.train.init_checkpoint:
-        raise ConfigError(
-            "no train.init_checkpoint given: fine-tuning starts from a pretrained encoder; "
-            "pass --config.train.init_checkpoint=<model dir | Hugging Face dir | pre-training "
-            "WORKDIR> (python -m bert_jax.convert from-tf|from-hf|from-workdir makes a model "
-            "dir), or --config.tokenizer.vocab_file=vocab.txt to train config.model from "
-            "scratch")
-    if not vocab:
-        raise ConfigError(f"train.init_checkpoint={config.train.init_checkpoint} has no "
-                          f"vocabulary (vocab.txt): set --config.tokenizer.vocab_file")
-    tokenizer = load_tokenizer(vocab_file=vocab, do_lower_case=config.tokenizer.do_lower_case)
-    task = task_from_config(config, vocab_file=vocab)
+    if not config.train.do_train:
+        raise ConfigError("train.do_train=False predicts with a fine-tuned model: "
+                          "bert_jax.tasks.predict.run (launch/train.py picks it)")
+    workdir, checked, tokenizer = setup(config, workdir)
+    task = task_from_config(config, vocab_file=checked.model.vocab)
     paths.makedirs(workdir)  # once the checkpoint, vocabulary and task are known to be there
-    if not config.train.do_train:  # predict with a fine-tuned model: no training data read
-        return predict_lib.predict(config, checked, workdir, task, tokenizer, bert_config,
-                                   source)
     train_features = task.train_features(tokenizer)
     eval_sets = task.eval_sets(tokenizer)
     logging.info("%d training features; eval sets %s", num_rows(train_features),
@@ -155,8 +98,10 @@ def run(config, workdir: str, progress: bool = True, after_step=None) -> dict:
     labeled = [e.name for e in eval_sets if e.labeled]
     if not labeled:
         raise ConfigError("no labelled eval set to pick the best run on (dev data missing?)")
-    task.prepare(config, bert_config, train_features, eval_sets, source)
-    return _sweep(config, checked, workdir, task, labeled, vocab, progress, after_step)
+    task.prepare(config, checked.model.config, train_features, eval_sets,
+                 checked.model.source)
+    return _sweep(config, checked, workdir, task, labeled, checked.model.vocab, progress,
+                  after_step)
 
 
 def plan_of(config) -> list[tuple[float, int]]:

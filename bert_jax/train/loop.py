@@ -211,7 +211,8 @@ class _Run:
                               f"model by a pre-training run first")
         if self.resumable:  # the run's own settings, as its checkpoints were trained with
             self.setting_changes = settings.check_resume(
-                config_to_dict(config), getattr(task, "settings", None), self.workdir)
+                task.settings, self.workdir,
+                accept=bool(config.train.get("accept_setting_changes", False)))
         if task.init_source is not None and not self.resumable:
             # Shapes only, from the source's metadata: before any data is read or compiled.
             warm_start.check_shapes(task.init_source,

@@ -7,7 +7,7 @@ both values, unless `config.train.accept_setting_changes` says the change is mea
     check(saved, wanted, what, accept)     # {setting: value} each; None: not known
     model_settings(bert_config)            # the BertConfig fields below
     run_settings(config_dict, model=...)   # a saved run's, from its config
-    check_resume(config_dict, task_settings, workdir)   # the loop, resuming WORKDIR
+    check_resume(task_settings, workdir, accept)   # the loop, resuming WORKDIR
 """
 
 from __future__ import annotations
@@ -67,20 +67,16 @@ def check(saved: Mapping[str, Any], wanted: Mapping[str, Any], what: str,
     return [f"{k}: {saved[k]!r} -> {wanted[k]!r}" for k in differ]
 
 
-def check_resume(config: Mapping, wanted: Optional[Mapping[str, Any]], workdir: str
-                 ) -> list[str]:
-    """WORKDIR's latest checkpoint's settings (its saved config) against the run's (`config`,
-    a dict; `wanted`: the task's own settings, if it has them): `check`, before anything is
-    built. A fine-tuning run's model is its init checkpoint's, which the sweep checks: only
-    its casing is compared here. Returns the changes accepted."""
+def check_resume(wanted: Mapping[str, Any], workdir: str, accept: bool) -> list[str]:
+    """WORKDIR's latest checkpoint's settings (its saved config) against the run's
+    (`wanted`: the task's `settings`): `check`, before anything is built. A fine-tuning
+    run's model is its init checkpoint's, which check(config) checks: its task's settings
+    are its casing alone. Returns the changes accepted."""
     try:
         saved = open_run(workdir, "WORKDIR").config
     except Exception:  # noqa: BLE001  (a damaged latest step: the restore skips and names it)
         return []
     finetuning = "task" in saved
-    if finetuning or wanted is None:
-        wanted = run_settings(config, model=not finetuning)
-    accept = bool((config.get("train") or {}).get("accept_setting_changes", False))
     return check(run_settings(saved, model=not finetuning), wanted, f"{workdir}: resuming",
                  accept, keys={CASING: "tokenizer.do_lower_case" if finetuning
                                else "data.do_lower_case"})

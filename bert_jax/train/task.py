@@ -37,6 +37,9 @@ class Task(Protocol):
     # parameter trees taken from it (None: every one both have).
     init_source: Any
     init_keys: Optional[tuple[str, ...]]
+    # What the weights compute under that no shape shows, {setting: value} (None: not
+    # known; bert_jax.train.settings): a resume stops on a change from its checkpoint's.
+    settings: dict
 
     def init_inputs(self) -> dict: ...              # model kwargs of one example (init)
     def inputs(self, batch) -> dict: ...            # batch -> model kwargs (in the step)

@@ -381,6 +381,22 @@ def place_numpy(tree, abstract, shardings):
         for k, ref in refs.items()})
 
 
+def task_params(source: InitSource, abstract_params, shardings, task_name: str):
+    """A fine-tuned model's params on the mesh: every tree of the task model
+    (`abstract_params`, head included) from `source`, checked (a ConfigError naming a missing
+    head, or check_shapes' naming a tensor and both shapes) before it is placed on
+    `shardings`."""
+    have = source.top_keys()
+    for head in sorted(set(abstract_params) - {"bert"}):
+        if head not in have:
+            raise ConfigError(
+                f"train.init_checkpoint={source.path} has no {head!r} head (it holds "
+                f"{have}), which {task_name} predicts with (train.do_train=False): pass a "
+                f"model fine-tuned on this task, e.g. a fine-tuning run's best_model/")
+    check_shapes(source, abstract_params, list(abstract_params))
+    return place_numpy(numpy_params(source, abstract_params), abstract_params, shardings)
+
+
 def numpy_params(source: InitSource, abstract_params) -> dict:
     """A model or Hugging Face directory's params in the layer layout of `abstract_params`
     (predicting with a fine-tuned model's own head)."""

@@ -49,16 +49,14 @@ def prepared(config, steps: int = 2):
     """(task, checked, programs) of `config` as the fine-tuning driver hands them to the
     loop (bert_jax.tasks.finetune.run): the model from train.init_checkpoint or
     config.model, the pair data's features, the compiled step's programs over `steps`."""
-    from bert_jax.tasks import finetune
     from bert_jax.tasks.registry import task_from_config
     from bert_jax.tokenization import load_tokenizer
     from bert_jax.train import loop
     from bert_jax.train.checked import check
 
-    bert_config, source, _ = finetune.model_and_init(config)
+    checked = check(config)
     task = task_from_config(config, vocab_file=str(VOCAB))
     tokenizer = load_tokenizer(vocab_file=str(VOCAB), do_lower_case=True)
-    task.prepare(config, bert_config, task.train_features(tokenizer), task.eval_sets(tokenizer),
-                 source)
-    checked = check(config)
+    task.prepare(config, checked.model.config, task.train_features(tokenizer),
+                 task.eval_sets(tokenizer), checked.model.source)
     return task, checked, loop.build(config, task, checked, steps)

@@ -13,6 +13,7 @@ import pytest
 from bert_jax.convert.sources import open_source
 from bert_jax.tasks import finetune
 from bert_jax.train import loop
+from bert_jax.train.checked import run_model
 from tests.tasks.finetune_common import prepared, tiny_pairs_config
 
 # _saved_bert reads the checkpoint back as numpy (no target shardings): expected.
@@ -60,7 +61,7 @@ def test_model_section_set_beside_a_checkpoint_is_an_error(pretrain_workdir):
     config.model.dropout_rng = "jax"      # meant for the run, but config.model is not read
     config.model.hidden_size = 32         # what the checkpoint has anyway: fine
     with pytest.raises(ConfigError) as err:
-        finetune.model_and_init(config)
+        run_model(config)
     msg = str(err.value)
     assert "config.model.dropout_rng='jax' (the run uses 'hash')" in msg
     assert "hidden_size" not in msg and "config.model_overrides.<key>" in msg
@@ -69,16 +70,16 @@ def test_model_section_set_beside_a_checkpoint_is_an_error(pretrain_workdir):
     config.model.dropout_rng = "hash"
     config.model.hidden_dropout_prob = 0.2  # model_overrides' 0.1 wins: also an error
     with pytest.raises(ConfigError, match=r"config.model.hidden_dropout_prob=0.2 \(the run uses 0.1\)"):
-        finetune.model_and_init(config)
+        run_model(config)
     config.model.hidden_dropout_prob = 0.1
     config.model_overrides.scan_layers = False  # the workdir was saved scanned
     with pytest.raises(ConfigError, match="saved with scan_layers=True"):
-        finetune.model_and_init(config)
+        run_model(config)
     config.model_overrides.scan_layers = None
     config.lock()  # as launch/train.py's config flag: only existing keys can be set
     config.model_overrides.dropout_rng = "jax"
     config.model_overrides.remat = "full"
-    bert_config = finetune.model_and_init(config)[0]
+    bert_config = run_model(config)[0]
     # dtype is the run's (model_overrides.dtype=auto), whatever the checkpoint names
     assert (bert_config.dropout_rng, bert_config.remat, bert_config.dtype) == (
         "jax", "full", "auto")
@@ -92,7 +93,7 @@ def test_encoder_params_equal_the_checkpoints(pretrain_workdir):
     assert source.saved_shapes["bert/encoder/layers/intermediate/kernel"] == (2, 32, 64)
 
     config = _config(pretrain_workdir)
-    bert_config, source, _ = finetune.model_and_init(config)
+    bert_config, source, _ = run_model(config)
     assert bert_config.scan_layers and bert_config.hidden_dropout_prob == 0.1
     task, checked, programs = prepared(config)
     state, _ = loop.fresh_state(config, task, programs, checked)
@@ -174,10 +175,10 @@ def test_model_section_under_an_override_is_an_error_without_a_checkpoint():
     from bert_jax.models.config import ConfigError
 
     config = tiny_pairs_config(steps=2)  # random init from config.model
-    assert finetune.model_and_init(config)[0].hidden_size == 32
+    assert run_model(config)[0].hidden_size == 32
     config.model.attention_probs_dropout_prob = 0.3  # model_overrides' 0.1 would win
     with pytest.raises(ConfigError, match=r"config.model: .*which wins, so "
                        r"config.model.attention_probs_dropout_prob=0.3 \(the run uses 0.1\)"):
-        finetune.model_and_init(config)
+        run_model(config)
     config.model_overrides.attention_probs_dropout_prob = 0.3
-    assert finetune.model_and_init(config)[0].attention_probs_dropout_prob == 0.3
+    assert run_model(config)[0].attention_probs_dropout_prob == 0.3

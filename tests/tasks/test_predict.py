@@ -8,9 +8,9 @@ import shutil
 import pytest
 
 from bert_jax.models.config import BertConfig
-from bert_jax.tasks import finetune
 from bert_jax.convert.sources import InitSource
-from bert_jax.tasks.predict import check_task_params
+from bert_jax.tasks import finetune, predict
+from bert_jax.train.checked import require_task_checkpoint
 from tests.tasks.conftest import DATA
 from tests.tasks.finetune_common import tiny_pairs_config
 
@@ -37,8 +37,8 @@ def test_best_model_predicts_what_its_run_predicted(reference_run, tmp_path):
         ["index\tsentence1\tsentence2"]
         + ["\t".join(r.split("\t")[:3]) for r in rows[1:11]]) + "\n")
     out = tmp_path / "predict"
-    result = finetune.run(_predict_config(work / "best_model", data, eval_test=True),
-                          str(out), progress=False)
+    result = predict.run(_predict_config(work / "best_model", data, eval_test=True),
+                          str(out))
     best = summary["best_run"]
     assert (out / "dev_predictions-dev.tsv").read_bytes() == \
         (work / f"run_{best}" / "dev_predictions-dev.tsv").read_bytes()
@@ -57,33 +57,44 @@ def test_checkpoints_without_this_head_are_refused(reference_run, tmp_path, mini
     with pytest.raises(ValueError, match=r"classifier/dense/bias has shape \(2,\) in the "
                                          r"checkpoint, the model expects \(3,\) "
                                          r"\(another number of labels\?\)"):
-        finetune.run(_predict_config(work / "best_model", DATA / "pairs",
-                                     labels=("0", "1", "2")), str(tmp_path / "a"),
-                     progress=False)
+        predict.run(_predict_config(work / "best_model", DATA / "pairs",
+                                     labels=("0", "1", "2")), str(tmp_path / "a"))
     # A pre-trained encoder without any task head (the MiniLM HF directory); refused before
     # any eval data is read (the data directory does not even exist).
     c = _predict_config(minilm_dir, tmp_path / "no_data")
     c.model.update(_base_model())  # the architecture comes from the checkpoint
     with pytest.raises(ValueError, match=r"has no 'classifier' head .*pass a model "
                                          r"fine-tuned on this task"):
-        finetune.run(c, str(tmp_path / "b"), progress=False)
+        predict.run(c, str(tmp_path / "b"))
     assert not (tmp_path / "b" / "metrics.jsonl").exists()
     # No checkpoint at all, and a pre-training run (its encoder has no task head).
     c = _predict_config("", DATA / "pairs")
     c.model.update(_base_model())
     with pytest.raises(ValueError, match=r"train.do_train=False predicts with a fine-tuned "
                                          r"model: set train.init_checkpoint"):
-        finetune.run(c, str(tmp_path / "c"), progress=False)
+        predict.run(c, str(tmp_path / "c"))
     run = InitSource("/runs/pretrain", "workdir", BertConfig())
     with pytest.raises(ValueError, match=r"/runs/pretrain is a pre-training run: it has no "
                                          r"task.kind=glue head"):
-        check_task_params(run, None, "task.kind=glue")
+        require_task_checkpoint(run, "task.kind=glue")
 
 
 def _base_model():
     from bert_jax.tasks.registry import base_config
 
     return dict(base_config().model)
+
+
+def test_the_sweep_leaves_predicting_to_its_own_driver(tmp_path):
+    """finetune.run trains; a config with train.do_train=False is refused there in one line
+    naming predict.run (which launch/train.py picks), before anything is written."""
+    from bert_jax.models.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^train.do_train=False predicts with a fine-tuned "
+                                          r"model: bert_jax.tasks.predict.run "):
+        finetune.run(_predict_config(tmp_path / "best_model", DATA / "pairs"),
+                     str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
 
 
 def test_predicting_builds_no_optimizer_and_no_train_step(reference_run, tmp_path,
@@ -101,8 +112,7 @@ def test_predicting_builds_no_optimizer_and_no_train_step(reference_run, tmp_pat
         monkeypatch.setattr(module, name, refused)
     work, summary = reference_run
     out = tmp_path / "predict"
-    result = finetune.run(_predict_config(work / "best_model", DATA / "pairs"), str(out),
-                          progress=False)
+    result = predict.run(_predict_config(work / "best_model", DATA / "pairs"), str(out))
     recorded = [json.loads(l) for l in open(work / "metrics.jsonl")][summary["best_run"]]
     assert result["dev/accuracy"] == pytest.approx(recorded["dev/accuracy"])
 

@@ -80,17 +80,19 @@ def test_a_resume_with_other_settings_stops_before_restoring(tmp_path, monkeypat
 
 def test_fine_tuning_a_cased_checkpoint_with_a_lowercasing_tokenizer_stops(tmp_path):
     from bert_jax.convert.model_dir import save_model_dir, task_record
-    from bert_jax.tasks import finetune
+    from bert_jax.train.checked import run_model
     from bert_jax.train.config import load_config
 
     model = tiny_config().model
+    from tests.tasks.conftest import VOCAB
+
     save_model_dir(str(tmp_path / "cased"), {"bert": {}}, from_config_dict(model),
-                   task=task_record("pretraining", do_lower_case=False))
+                   vocab_file=str(VOCAB), task=task_record("pretraining", do_lower_case=False))
     config = load_config("configs/glue.py:mrpc",
                          {"train.init_checkpoint": str(tmp_path / "cased")})
     with pytest.raises(SettingsChangedError) as err:
-        finetune.model_and_init(config)
+        run_model(config)
     assert ("do_lower_case is False there, True in the config (tokenizer.do_lower_case)"
             in str(err.value)), err.value
     config.tokenizer.do_lower_case = False
-    finetune.model_and_init(config)
+    run_model(config)
