@@ -68,13 +68,15 @@ class InitSource:
 
     def shapes(self, scan_layers: bool, num_layers: int) -> dict[str, tuple]:
         """Every tensor's shape by "/"-joined key, in the layer layout a model with
-        `scan_layers` uses (a workdir: as saved; it restores only into its own layout)."""
+        `scan_layers` uses (a workdir: as saved; it restores only into its own layout).
+        The layers are stacked in shape only (jax.eval_shape): nothing is copied."""
         if self.saved_shapes is not None:
             return self.saved_shapes
         params = self.params
         if scan_layers and "bert" in params:
-            params = dict(params, bert=stack_layers({"bert": params["bert"]},
-                                                    num_layers)["bert"])
+            params = dict(params, bert=jax.eval_shape(
+                lambda bert: stack_layers({"bert": bert}, num_layers)["bert"],
+                params["bert"]))
         return flat_shapes(params)
 
 

@@ -64,7 +64,8 @@ def _structure(tree):
 def stack_layers(params: dict, num_layers: int) -> dict:
     """layer_0..layer_{N-1} -> layers (leaves stacked on axis 0). Returns a new tree.
     A layer_0 whose parameters differ from layer_1's (a pre-LN layer 0 without its
-    attention LayerNorm) stays apart, as the scanned encoder keeps it."""
+    attention LayerNorm) stays apart, as the scanned encoder keeps it. Under
+    jax.eval_shape it stacks shapes alone."""
     params = flax.core.unfreeze(params)
     for _, parent in list(_find_encoder(params)):
         enc = dict(parent["encoder"])

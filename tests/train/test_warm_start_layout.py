@@ -34,3 +34,35 @@ def test_a_layer_0_kept_apart_counts_among_the_layers():
                         read=lambda: saved)
     assert warm_start.check_shapes(source, abstract, ["bert"]) == {}
     assert flat_shapes(warm_start.numpy_params(source, abstract)) == flat_shapes(abstract)
+
+
+def test_a_model_directory_stacks_its_layers_in_shape_only_for_the_check(monkeypatch):
+    """InitSource.shapes (the warm start's and the predictor's shape check) copies no
+    tensor: the layers stack under jax.eval_shape; numpy_params stacks the same params'
+    values, untouched, when they are loaded."""
+    import jax.numpy as jnp
+
+    config = tiny_config(num_hidden_layers=3, scan_layers=True)
+    unscanned = _params(config.replace(scan_layers=False))
+    saved = jax.tree_util.tree_map(
+        lambda a: np.arange(np.prod(a.shape), dtype=a.dtype).reshape(a.shape), unscanned)
+    source = InitSource("/models/m", "model_dir", config.replace(scan_layers=False),
+                        read=lambda: saved)
+    copies = []
+    real_stack = jnp.stack
+
+    def stack(xs, *args, **kwargs):
+        copies.extend(x for x in xs if not isinstance(x, jax.core.Tracer))
+        return real_stack(xs, *args, **kwargs)
+
+    monkeypatch.setattr(jnp, "stack", stack)
+    assert source.shapes(True, 3) == flat_shapes(_params(config))
+    assert copies == []
+    stacked = warm_start.numpy_params(source, _params(config))
+    assert copies  # the load stacks the values
+    layers = stacked["bert"]["encoder"]["layers"]
+    for i in range(3):
+        for (key, got), want in zip(
+                jax.tree_util.tree_leaves_with_path(layers),
+                jax.tree_util.tree_leaves(saved["bert"]["encoder"][f"layer_{i}"])):
+            np.testing.assert_array_equal(got[i], want, err_msg=str(key))
