@@ -74,6 +74,13 @@ def define_step_flags() -> None:
                              "expected cpu, h100, device or tpu:<topology>, e.g. tpu:v5e:2x2")
     flags.DEFINE_string("gpu_target_config", DEFAULT_GPU_TARGET,
                         "GPU target description (text proto) for --target=h100.")
+    # Without --target=h100 the description would be ignored and the step compiled for
+    # another target (the CPU by default) under the GPU's name in the caller's mind.
+    flags.register_multi_flags_validator(
+        ["target", "gpu_target_config"],
+        lambda f: f["target"] == "h100" or f["gpu_target_config"] == DEFAULT_GPU_TARGET,
+        "--gpu_target_config describes a GPU to compile for: add --target=h100 (the "
+        "default target is cpu)")
     flags.DEFINE_bool("dropout", True, "Dropout on (as in training).")
     flags.mark_flags_as_required(["config"])
 

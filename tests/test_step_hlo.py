@@ -289,3 +289,17 @@ def test_script_prints_the_sections_and_the_estimate_last():
     last = text.strip().splitlines()[-1]
     assert last.startswith("estimate: "), last
     assert float(last.split()[1]) > 0
+
+
+def test_a_gpu_description_without_the_gpu_target_is_refused_in_one_line():
+    """--gpu_target_config alone used to compile for the CPU (the default target) without a
+    word, its figures read as the GPU's."""
+    out = subprocess.run(
+        [sys.executable, "benchmarks/step_hlo.py", "--config=configs/bert_tiny.py",
+         "--batch=2", "--seq=32", "--gpu_target_config=benchmarks/gpu/h200.txtpb"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert out.returncode != 0 and "compile: " not in out.stdout
+    assert ("--gpu_target_config describes a GPU to compile for: add --target=h100"
+            in out.stderr), out.stderr[-2000:]
+
