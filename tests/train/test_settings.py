@@ -96,3 +96,34 @@ def test_fine_tuning_a_cased_checkpoint_with_a_lowercasing_tokenizer_stops(tmp_p
             in str(err.value)), err.value
     config.tokenizer.do_lower_case = False
     run_model(config)
+
+
+def test_a_fine_tuning_resume_with_the_other_casing_stops_naming_the_tokenizer_key(tmp_path):
+    """A fine-tuning run resumed with the other tokenizer casing: its task's settings (the
+    casing alone: the model is its checkpoint's) against the saved run's config."""
+    from bert_jax.tasks.registry import task_from_config
+    from bert_jax.train.settings import CASING, check_resume
+    from tests.tasks.conftest import VOCAB
+    from tests.tasks.finetune_common import tiny_pairs_config
+
+    config = tiny_pairs_config()  # tokenizer.do_lower_case=True
+    pieces = state_lib.TrainState(step=jnp.asarray(2, jnp.int32),
+                                  params={"bert": {"w": np.zeros(2)}}, opt_state={})
+    saver = ckpt_lib.Checkpointer(str(tmp_path), every=1)
+    saver.save(pieces, jax.random.key(0), MemorySource(8), loop.config_to_dict(config),
+               force=True)
+    saver.close()
+    config.tokenizer.do_lower_case = False
+    task = task_from_config(config, vocab_file=str(VOCAB))
+    task.prepare(config, from_config_dict(config.model), None, [], None)
+    assert task.settings == {CASING: False}
+    with pytest.raises(SettingsChangedError) as err:
+        check_resume(task.settings, str(tmp_path), accept=False)
+    assert (f"{tmp_path}: resuming: settings that shape no tensor differ from the "
+            f"checkpoint's own, which its weights were trained with: do_lower_case is True "
+            f"there, False in the config (tokenizer.do_lower_case); ") in str(err.value)
+    assert check_resume(task.settings, str(tmp_path), accept=True) == [
+        "do_lower_case: True -> False"]
+    config.tokenizer.do_lower_case = True
+    task.prepare(config, from_config_dict(config.model), None, [], None)
+    assert check_resume(task.settings, str(tmp_path), accept=False) == []
